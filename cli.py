@@ -1,0 +1,127 @@
+"""`python -m comfyui_placement devices | plan | demo`: the sd-cli flags, as a planner.
+
+Exit status 0 on success; 2 with one line `placement error: ...` on bad input.
+"""
+import argparse
+import json
+import sys
+
+from .placement import Inventory, PlacementError, PlacementSpec, plan as make_plan
+from .placement.components import COMPONENTS, canonical_component
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):          # one line, exit 2, like every other bad input
+        raise PlacementError(message)
+
+
+def _inventory(args) -> Inventory:
+    return Inventory.simulated(args.simulate) if args.simulate else Inventory.detect()
+
+
+def _resolution(text: str):
+    w, sep, h = text.lower().partition("x")
+    try:
+        if not sep or int(w) <= 0 or int(h) <= 0:
+            raise ValueError
+        return int(w), int(h)
+    except ValueError:
+        raise PlacementError(f"invalid resolution {text!r}; expected WxH, e.g. 1024x1024") from None
+
+
+def _positive(text: str, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise PlacementError(f"invalid {what} {text!r}; expected a positive whole number")
+    return value
+
+
+def _models(items):
+    components = {}
+    for item in items or ():
+        key, eq, path = item.partition("=")
+        if not eq or not path:
+            raise PlacementError(f"invalid --model {item!r}; expected COMPONENT=PATH with a "
+                                 f"component among {', '.join(COMPONENTS)}")
+        components.setdefault(canonical_component(key), []).append(path)
+    return components
+
+
+def _add_common(p):
+    p.add_argument("--simulate", metavar="INV",
+                   help="plan for this inventory instead of this machine's, e.g. "
+                        "cuda0=24GiB,cuda1=12GiB[/FREE],cpu=64GiB")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m comfyui_placement",
+                     description="Plan where diffusion components run and rest.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    devices = sub.add_parser("devices", help="list devices (name<TAB>description)")
+    _add_common(devices)
+    p = sub.add_parser("plan", help="resolve placement flags into a plan")
+    _add_common(p)
+    p.add_argument("--backend", default="", help="runtime backend assignment, e.g. "
+                   "te=cpu,vae=cuda1,diffusion=cuda0&cuda1")
+    p.add_argument("--params-backend", default="", help="where weights rest: device, cpu or "
+                   "disk, per module")
+    p.add_argument("--max-vram", default="", help="budget: GiB for every GPU, or "
+                   "DEVICE=GiB list; negative = free minus that; 0 = off")
+    p.add_argument("--split-mode", default="", help="layer or row, per module")
+    p.add_argument("--offload-mode", default="auto",
+                   help="auto-fit preset: auto, none, model, balanced, sequential")
+    for flag in ("stream-layers", "auto-fit", "offload-to-cpu", "clip-on-cpu", "vae-on-cpu",
+                 "control-net-cpu"):
+        p.add_argument(f"--{flag}", action="store_true")
+    p.add_argument("--model", action="append", metavar="COMPONENT=PATH",
+                   help="a model file (safetensors or gguf); repeat, also for one component")
+    p.add_argument("--resolution", default="1024x1024", help="WxH of the image")
+    p.add_argument("--frames", default="1", help="video frames")
+    p.add_argument("--batch", default="1", help="batch size")
+    demo = sub.add_parser("demo", help="plan and run a small built-in model on a simulated "
+                                       "two-GPU inventory, compared with an all-resident run")
+    demo.add_argument("--json", action="store_true", help="print the stats as JSON too")
+    return parser
+
+
+def _cmd_devices(args) -> int:
+    inv = _inventory(args)
+    print(json.dumps(inv.to_dict(), indent=2) if args.json else "\n".join(inv.lines()))
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    spec = PlacementSpec(backend=args.backend, params_backend=args.params_backend,
+                         max_vram=args.max_vram, split_mode=args.split_mode,
+                         stream_layers=args.stream_layers, auto_fit=args.auto_fit,
+                         offload_to_cpu=args.offload_to_cpu, clip_on_cpu=args.clip_on_cpu,
+                         vae_on_cpu=args.vae_on_cpu, control_net_cpu=args.control_net_cpu,
+                         offload_mode=args.offload_mode)
+    result = make_plan(spec, _inventory(args), _models(args.model) or None, strict=True,
+                       resolution=_resolution(args.resolution),
+                       frames=_positive(args.frames, "frame count"),
+                       batch=_positive(args.batch, "batch size"))
+    print(result.to_json() if args.json else result.report())
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from .demo import run_demo
+    return run_demo(as_json=args.json)
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return {"devices": _cmd_devices, "plan": _cmd_plan, "demo": _cmd_demo}[args.command](args)
+    except PlacementError as exc:
+        print(f"placement error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"placement error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
+              file=sys.stderr)
+        return 2

@@ -1,0 +1,23 @@
+"""The pack's V3 nodes (comfy_api.latest). Imported only when ComfyUI is present."""
+from typing_extensions import override
+
+from comfy_api.latest import ComfyExtension, io
+
+from .apply_node import ApplyPlacement
+from .assignment_node import BackendAssignment
+from .devices_node import PlacementDevices
+
+NODES = [PlacementDevices, BackendAssignment, ApplyPlacement]
+
+
+class PlacementExtension(ComfyExtension):
+    @override
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return list(NODES)
+
+
+async def comfy_entrypoint() -> PlacementExtension:
+    return PlacementExtension()
+
+
+__all__ = ["NODES", "PlacementExtension", "comfy_entrypoint"]

@@ -1,0 +1,100 @@
+"""Backend Assignment: the placement grammar of stable-diffusion.cpp as node inputs.
+
+A bad spec is a node error when the prompt is queued (validate_inputs), before any
+model loads. The resolved plan for this machine is shown in the node.
+"""
+from comfy_api.latest import io, ui
+
+from ..placement.errors import PlacementError
+from ..placement.spec import OFFLOAD_MODES, PlacementSpec
+from .common import CATEGORY, Placement, PlacementType, node_inventory
+from .planning import make_plan
+
+MODULES = ("modules: diffusion (model, unet, dit), te (clip, t5, llm), vae, controlnet, "
+           "clip_vision, photomaker, upscaler")
+
+TIPS = {
+    "backend": "Where each module computes. Comma list: a bare value (or all=/*=) is the "
+               "default, module=device sets one module. Devices: cpu, cuda0 (or cuda:0), "
+               "gpu (first GPU), auto/empty (GPU, then iGPU, then CPU); a&b splits a "
+               "module over devices. " + MODULES + ". Example: te=cpu,vae=cuda1,diffusion=cuda0",
+    "params_backend": "Where weights rest between uses: a device, cpu or disk (never a & "
+                      "list). Same list form; unset modules rest on their runtime device. "
+                      "Example: *=cpu,vae=cuda0",
+    "max_vram": "VRAM budget: a number of GiB for every GPU, or device=GiB entries; units "
+                "accepted (512MiB, 6GiB), negative = free memory minus that, 0 = no budget. "
+                "Example: cuda0=6,cuda1=-1",
+    "split_mode": "How a module named with a&b is split: layer or row, as a default or per "
+                  "module. Example: layer,te=row",
+    "stream_layers": "Stream blocks of the diffusion model and text encoders onto the GPU "
+                     "(weights rest on cpu).",
+    "auto_fit": "Let the planner decide what you left unset to fit every device's budget.",
+    "offload_mode": "Offload preset for auto_fit: auto, none, model, balanced, sequential.",
+    "offload_to_cpu": "Weights of every module rest on the cpu (params_backend *=cpu first; "
+                      "explicit entries still win).",
+    "clip_on_cpu": "Text encoders compute on the cpu (backend te=cpu first).",
+    "vae_on_cpu": "VAE computes on the cpu (backend vae=cpu first).",
+    "control_net_cpu": "ControlNet computes on the cpu (backend controlnet=cpu first).",
+    "strict": "A device this machine lacks is an error. Off: that module falls back to auto "
+              "and the plan shows a warning (workflows move between machines).",
+}
+
+STRING_INPUTS = ("backend", "params_backend", "max_vram", "split_mode")
+BOOL_INPUTS = ("stream_layers", "auto_fit", "offload_to_cpu", "clip_on_cpu", "vae_on_cpu",
+               "control_net_cpu")
+
+
+def build_spec(backend="", params_backend="", max_vram="", split_mode="", stream_layers=False,
+               auto_fit=False, offload_mode="auto", offload_to_cpu=False, clip_on_cpu=False,
+               vae_on_cpu=False, control_net_cpu=False) -> PlacementSpec:
+    return PlacementSpec(backend=backend, params_backend=params_backend, max_vram=max_vram,
+                         split_mode=split_mode, stream_layers=stream_layers, auto_fit=auto_fit,
+                         offload_mode=offload_mode, offload_to_cpu=offload_to_cpu,
+                         clip_on_cpu=clip_on_cpu, vae_on_cpu=vae_on_cpu,
+                         control_net_cpu=control_net_cpu)
+
+
+class BackendAssignment(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        inputs = [io.String.Input(name, default="", multiline=False, tooltip=TIPS[name])
+                  for name in STRING_INPUTS]
+        inputs += [io.Boolean.Input(name, default=False, tooltip=TIPS[name])
+                   for name in BOOL_INPUTS]
+        inputs.insert(6, io.Combo.Input("offload_mode", options=list(OFFLOAD_MODES),
+                                        default="auto", tooltip=TIPS["offload_mode"]))
+        inputs.append(io.Boolean.Input("strict", default=False, tooltip=TIPS["strict"]))
+        return io.Schema(
+            node_id="PlacementBackendAssignment",
+            display_name="Backend Assignment",
+            category=CATEGORY,
+            description="Says where each module of the pipeline computes and where its "
+                        "weights rest, in stable-diffusion.cpp's --backend / "
+                        "--params-backend grammar. Connect to Apply Placement.",
+            inputs=inputs,
+            outputs=[PlacementType.Output("placement")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, backend="", params_backend="", max_vram="", split_mode="",
+                        stream_layers=False, auto_fit=False, offload_mode="auto",
+                        offload_to_cpu=False, clip_on_cpu=False, vae_on_cpu=False,
+                        control_net_cpu=False, strict=False):
+        try:
+            spec = build_spec(backend, params_backend, max_vram, split_mode, stream_layers,
+                              auto_fit, offload_mode, offload_to_cpu, clip_on_cpu,
+                              vae_on_cpu, control_net_cpu)
+            make_plan(spec, node_inventory(), strict=strict)
+        except PlacementError as exc:
+            return f"placement error: {exc}"
+        return True
+
+    @classmethod
+    def execute(cls, backend, params_backend, max_vram, split_mode, stream_layers, auto_fit,
+                offload_mode, offload_to_cpu, clip_on_cpu, vae_on_cpu, control_net_cpu,
+                strict) -> io.NodeOutput:
+        spec = build_spec(backend, params_backend, max_vram, split_mode, stream_layers,
+                          auto_fit, offload_mode, offload_to_cpu, clip_on_cpu, vae_on_cpu,
+                          control_net_cpu)
+        plan = make_plan(spec, node_inventory(), strict=strict)
+        return io.NodeOutput(Placement(spec, bool(strict)), ui=ui.PreviewText(plan.report()))

@@ -1,0 +1,31 @@
+"""Placement Devices: the inventory the other nodes plan for, shown in the node."""
+from comfy_api.latest import io, ui
+
+from .common import CATEGORY, node_inventory
+
+
+class PlacementDevices(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="PlacementDevices",
+            display_name="Placement Devices",
+            category=CATEGORY,
+            description="Lists the devices placement can use on this machine (name, kind, "
+                        "total and free memory), re-measured on every run. The names are "
+                        "the ones Backend Assignment accepts.",
+            inputs=[],
+            outputs=[io.String.Output("devices", tooltip="name<TAB>description, one per line")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls):
+        return float("nan")    # never cached: free memory changes between runs
+
+    @classmethod
+    def execute(cls) -> io.NodeOutput:
+        inventory = node_inventory()
+        text = "\n".join(inventory.lines())
+        shown = f"{inventory.source}\n{text}"
+        return io.NodeOutput(text, ui=ui.PreviewText(shown))

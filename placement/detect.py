@@ -1,0 +1,61 @@
+"""Real devices through torch. Imported only when detection is asked for, so that
+planning never pays for (or needs) a torch import."""
+from typing import Dict, List
+
+from .devices import Device, _host_memory
+
+
+def _cuda_devices(torch) -> List[Device]:
+    out = []
+    if not torch.cuda.is_available():
+        return out
+    backend = "ROCm" if getattr(torch.version, "hip", None) else "CUDA"
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        try:
+            free, total = torch.cuda.mem_get_info(i)
+        except RuntimeError:
+            free, total = props.total_memory, props.total_memory
+        kind = "igpu" if getattr(props, "is_integrated", False) else "gpu"
+        out.append(Device(f"cuda{i}", kind, int(total), int(free),
+                          f"{props.name} ({backend})", torch_device=f"cuda:{i}"))
+    return out
+
+
+def _xpu_devices(torch) -> List[Device]:
+    xpu = getattr(torch, "xpu", None)
+    if xpu is None or not xpu.is_available():
+        return []
+    out = []
+    for i in range(xpu.device_count()):
+        props = xpu.get_device_properties(i)
+        total = int(getattr(props, "total_memory", 0))
+        try:
+            free, total = xpu.mem_get_info(i)
+        except (AttributeError, RuntimeError):
+            free = total - int(xpu.memory_reserved(i))
+        out.append(Device(f"xpu{i}", "gpu", int(total), int(free), f"{props.name} (XPU)",
+                          torch_device=f"xpu:{i}"))
+    return out
+
+
+def _mps_devices(torch) -> List[Device]:
+    mps = getattr(torch.backends, "mps", None)
+    if mps is None or not mps.is_available():
+        return []
+    total = int(torch.mps.recommended_max_memory())
+    free = max(0, total - int(torch.mps.driver_allocated_memory()))
+    return [Device("mps", "gpu", total, free, "Apple GPU (Metal)", torch_device="mps")]
+
+
+def torch_devices() -> List[Device]:
+    import torch
+    total, avail = _host_memory()
+    devices = _cuda_devices(torch) + _xpu_devices(torch) + _mps_devices(torch)
+    devices.append(Device("cpu", "cpu", total, avail,
+                          "host memory", torch_device="cpu"))
+    return devices
+
+
+def free_bytes_by_name() -> Dict[str, int]:
+    return {d.name: d.free_bytes for d in torch_devices()}

@@ -1,0 +1,199 @@
+"""The devices a plan can use: detected through torch, or simulated from a string.
+
+A simulated inventory is indistinguishable to the planner: it is how people plan for
+hardware they do not have, and how the runtime is tested without a GPU.
+"""
+import os
+import re
+from dataclasses import dataclass, replace
+from typing import List, Optional, Tuple
+
+from .errors import PlacementError
+from .units import format_bytes, parse_bytes
+
+KINDS = ("gpu", "igpu", "cpu")
+_NAME = re.compile(r"^[a-z][a-z0-9.]*$")
+_TORCH_SPELLING = re.compile(r"^([a-z]+):(\d+)$")
+DEFAULT_TOKENS = ("", "auto", "default")
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str                     # cpu, cuda0, cuda1, xpu0, mps, vulkan0 ...
+    kind: str                     # gpu | igpu | cpu
+    total_bytes: int
+    free_bytes: int
+    description: str = ""
+    torch_device: Optional[str] = None   # 'cuda:0'; None for a simulated accelerator
+    simulated: bool = False
+
+    @property
+    def is_accelerator(self) -> bool:
+        return self.kind != "cpu"
+
+
+def _kind_from_name(name: str) -> str:
+    if name == "cpu":
+        return "cpu"
+    if name.startswith("igpu"):
+        return "igpu"
+    return "gpu"
+
+
+def _host_memory() -> Tuple[int, int]:
+    """(total, available) host RAM in bytes, without torch."""
+    total = avail = 0
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                if key == "MemTotal":
+                    total = int(rest.split()[0]) * 1024
+                elif key == "MemAvailable":
+                    avail = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    if not total:
+        try:
+            page = os.sysconf("SC_PAGE_SIZE")
+            total = os.sysconf("SC_PHYS_PAGES") * page
+            avail = os.sysconf("SC_AVPHYS_PAGES") * page
+        except (ValueError, OSError, AttributeError):
+            total = avail = 16 * 1024 ** 3   # unknown platform: a modest guess
+    return total, avail or total
+
+
+def canonical_device_name(text: str) -> str:
+    """Torch spellings to inventory names: 'CUDA:1' -> 'cuda1', 'mps:0' -> 'mps'."""
+    name = text.strip().lower()
+    m = _TORCH_SPELLING.match(name)
+    if m:
+        return "mps" if m.group(1) == "mps" else f"{m.group(1)}{m.group(2)}"
+    return name
+
+
+class Inventory:
+    """An ordered list of devices. Order matters: 'auto' takes the first GPU."""
+
+    def __init__(self, devices: List[Device], source: str = "detected"):
+        names = [d.name for d in devices]
+        if len(set(names)) != len(names):
+            raise PlacementError(f"inventory names a device twice: {', '.join(names)}")
+        if "cpu" not in names:
+            total, avail = _host_memory()
+            devices = list(devices) + [Device("cpu", "cpu", total, avail, "host memory",
+                                              torch_device="cpu")]
+        self.devices: List[Device] = list(devices)
+        self.source = source
+
+    # -- construction -------------------------------------------------------------
+    @classmethod
+    def simulated(cls, text: str) -> "Inventory":
+        """'cuda0=24GiB,cuda1=12GiB[/10GiB],cpu=64GiB': names with TOTAL or TOTAL/FREE.
+        Bare numbers are GiB. The cpu entry is optional (default: this machine's RAM)."""
+        accepted = ("expected NAME=TOTAL[/FREE] entries separated by commas, "
+                    "e.g. cuda0=24GiB,cuda1=12GiB/10GiB,cpu=64GiB")
+        if not isinstance(text, str) or not text.strip():
+            raise PlacementError(f"empty simulated inventory; {accepted}")
+        devices = []
+        for item in text.split(","):
+            item = item.strip()
+            if not item:
+                raise PlacementError(f"empty entry in simulated inventory {text!r}; {accepted}")
+            name, eq, size = item.partition("=")
+            name = canonical_device_name(name)
+            if not eq or not _NAME.match(name) or name in DEFAULT_TOKENS + ("gpu", "disk"):
+                raise PlacementError(f"invalid simulated device {item!r}; {accepted}")
+            total_txt, slash, free_txt = size.partition("/")
+            total = parse_bytes(total_txt, f"size of simulated device {name}")
+            free = parse_bytes(free_txt, f"free memory of simulated device {name}") \
+                if slash else total
+            if total <= 0 or free < 0 or free > total:
+                raise PlacementError(f"invalid simulated device {item!r}: total must be "
+                                     f"positive and 0 <= free <= total; {accepted}")
+            kind = _kind_from_name(name)
+            devices.append(Device(name, kind, total, free,
+                                  f"simulated {kind}",
+                                  torch_device="cpu" if name == "cpu" else None,
+                                  simulated=name != "cpu"))
+        return cls(devices, source=f"simulated: {text.strip()}")
+
+    @classmethod
+    def detect(cls) -> "Inventory":
+        """This machine, through torch (imported here, not at module import)."""
+        from . import detect as _detect
+        return cls(_detect.torch_devices(), source="detected")
+
+    def refreshed(self) -> "Inventory":
+        """Free memory measured again (real devices); simulated ones are unchanged."""
+        if self.source != "detected":
+            return self
+        from . import detect as _detect
+        free = _detect.free_bytes_by_name()
+        return Inventory([replace(d, free_bytes=free.get(d.name, d.free_bytes))
+                          for d in self.devices], source=self.source)
+
+    # -- queries --------------------------------------------------------------------
+    @property
+    def names(self) -> List[str]:
+        return [d.name for d in self.devices]
+
+    def gpus(self) -> List[Device]:
+        return [d for d in self.devices if d.kind == "gpu"]
+
+    def accelerators(self) -> List[Device]:
+        return [d for d in self.devices if d.kind in ("gpu", "igpu")]
+
+    def default_device(self) -> Device:
+        for kind in ("gpu", "igpu", "cpu"):
+            for d in self.devices:
+                if d.kind == kind:
+                    return d
+        raise PlacementError("inventory has no devices")
+
+    def resolve(self, name: str) -> Device:
+        """A user's device name to a device: auto/default/'' -> GPU, iGPU, CPU; gpu ->
+        first GPU then iGPU; exact name (torch spellings accepted); else a unique prefix."""
+        key = canonical_device_name(name)
+        if key in DEFAULT_TOKENS:
+            return self.default_device()
+        if key == "gpu":
+            for kind in ("gpu", "igpu"):
+                for d in self.devices:
+                    if d.kind == kind:
+                        return d
+            raise PlacementError(f"'gpu' asked for, but no GPU is present; devices: "
+                                 f"{', '.join(self.names)}")
+        for d in self.devices:
+            if d.name == key:
+                return d
+        matches = [d for d in self.devices if d.name.startswith(key)]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise PlacementError(f"device {name.strip()!r} is ambiguous; it matches: "
+                                 f"{', '.join(d.name for d in matches)}")
+        raise PlacementError(f"device {name.strip()!r} not found; devices present: "
+                             f"{', '.join(self.names)}")
+
+    def get(self, name: str) -> Device:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        raise PlacementError(f"no device named {name!r}; devices: {', '.join(self.names)}")
+
+    def lines(self) -> List[str]:
+        """`name<TAB>description`, one per device (sd-cli --list-devices)."""
+        return [f"{d.name}\t{d.description or d.kind} ({d.kind}, "
+                f"{format_bytes(d.total_bytes)} total, {format_bytes(d.free_bytes)} free)"
+                for d in self.devices]
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "devices": [
+            {"name": d.name, "kind": d.kind, "total_bytes": d.total_bytes,
+             "free_bytes": d.free_bytes, "description": d.description,
+             "torch_device": d.torch_device, "simulated": d.simulated}
+            for d in self.devices]}
+
+    def __repr__(self) -> str:
+        return f"Inventory({', '.join(self.names)}; {self.source})"

@@ -1,0 +1,40 @@
+"""What a component weighs, as pure data: the planner's only view of a model."""
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One repeated unit (a transformer block, a UNet stage): the unit of streaming
+    and of layer split. `name` is the key prefix, e.g. 'double_blocks.3'."""
+    name: str
+    nbytes: int
+    group: str = ""
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class ComponentInfo:
+    """One component's weights. `blocks` are in execution order; whatever is not in a
+    block (embeddings, final layers) is `non_block_bytes` and stays resident."""
+    component: str                      # canonical name, placement.components.COMPONENTS
+    total_bytes: int
+    blocks: Tuple[BlockInfo, ...] = ()
+    arch: str = "unknown"
+    dtype: str = ""                     # dominant dtype, e.g. 'bf16'
+    quant: Optional[str] = None         # e.g. 'Q8_0' for GGUF
+    headroom_bytes: Optional[int] = None  # compute working memory; None: the fixed reserve
+    sources: Tuple[str, ...] = ()       # file paths or 'module:ClassName'
+    warnings: Tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def block_bytes(self) -> int:
+        return sum(b.nbytes for b in self.blocks)
+
+    @property
+    def non_block_bytes(self) -> int:
+        return self.total_bytes - self.block_bytes
+
+    @property
+    def largest_block_bytes(self) -> int:
+        return max((b.nbytes for b in self.blocks), default=0)

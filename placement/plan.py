@@ -1,0 +1,156 @@
+"""A Plan: where every component runs and rests. Pure data, JSON schema v1.
+
+Keys may be added to the JSON, never renamed (DESIGN.md). Nothing here decides or
+executes: placement.resolve / placement.fit make plans, runtime/ runs them.
+"""
+import json
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from .components import COMPONENTS
+from .errors import PlacementError
+from .units import format_bytes
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class DevicePlan:
+    name: str
+    kind: str                       # gpu | igpu | cpu
+    total_bytes: int
+    free_bytes: int
+    budget_bytes: Optional[int]     # None: no budget (the device's free memory bounds it)
+    planned_bytes: int = 0          # what the plan puts there at its busiest phase
+    description: str = ""
+
+
+@dataclass
+class StreamPlan:
+    resident_blocks: int            # chunk-K: the first K streamed blocks stay on the device
+    prefetch_depth: int             # blocks in flight while one computes
+
+
+@dataclass
+class ComponentPlan:
+    component: str
+    runtime: List[str]              # device names; more than one means a split
+    params: str                     # a device name, 'cpu' or 'disk'
+    split_mode: str = "layer"       # layer | row (meaningful when len(runtime) > 1)
+    stream: Optional[StreamPlan] = None   # None: not streamed
+    blocks: Dict[str, List[int]] = field(default_factory=dict)  # device -> [first, last]
+    resident_bytes: int = 0
+    streamed_bytes: int = 0         # bytes copied to the device per forward
+    reasons: List[str] = field(default_factory=list)
+    present: bool = False           # whether the caller described this component
+    total_bytes: int = 0
+
+    @property
+    def main_device(self) -> str:
+        return self.runtime[0]
+
+    @property
+    def is_split(self) -> bool:
+        return len(self.runtime) > 1
+
+
+@dataclass
+class Plan:
+    devices: List[DevicePlan]
+    components: Dict[str, ComponentPlan]
+    warnings: List[str] = field(default_factory=list)
+    version: int = SCHEMA_VERSION
+    extra: Dict[str, object] = field(default_factory=dict)   # keys added by later issues
+
+    def device(self, name: str) -> DevicePlan:
+        for dev in self.devices:
+            if dev.name == name:
+                return dev
+        raise PlacementError(f"plan has no device {name!r}; it has: "
+                             f"{', '.join(d.name for d in self.devices)}")
+
+    # -- JSON -----------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        out = {
+            "version": self.version,
+            "devices": [{
+                "name": d.name, "kind": d.kind, "total_bytes": d.total_bytes,
+                "free_bytes": d.free_bytes, "budget_bytes": d.budget_bytes,
+                "planned_bytes": d.planned_bytes, "description": d.description,
+            } for d in self.devices],
+            "components": {name: _component_dict(c) for name, c in self.components.items()},
+            "warnings": list(self.warnings),
+        }
+        out.update(self.extra)
+        return out
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Plan":
+        try:
+            if data.get("version") != SCHEMA_VERSION:
+                raise PlacementError(f"unsupported plan version {data.get('version')!r}; "
+                                     f"expected {SCHEMA_VERSION}")
+            devices = [DevicePlan(d["name"], d["kind"], int(d["total_bytes"]),
+                                  int(d["free_bytes"]), d.get("budget_bytes"),
+                                  int(d.get("planned_bytes", 0)), d.get("description", ""))
+                       for d in data["devices"]]
+            comps = {}
+            for name, c in data["components"].items():
+                if name not in COMPONENTS:
+                    raise PlacementError(f"plan names unknown component {name!r}; "
+                                         f"components are: {', '.join(COMPONENTS)}")
+                s = c.get("stream")
+                comps[name] = ComponentPlan(
+                    component=name, runtime=list(c["runtime"]), params=c["params"],
+                    split_mode=c.get("split_mode", "layer"),
+                    stream=StreamPlan(int(s["resident_blocks"]), int(s["prefetch_depth"]))
+                    if s else None,
+                    blocks={k: [int(v[0]), int(v[1])] for k, v in c.get("blocks", {}).items()},
+                    resident_bytes=int(c.get("resident_bytes", 0)),
+                    streamed_bytes=int(c.get("streamed_bytes", 0)),
+                    reasons=list(c.get("reasons", [])), present=bool(c.get("present", False)),
+                    total_bytes=int(c.get("total_bytes", 0)))
+            known = {"version", "devices", "components", "warnings"}
+            return cls(devices, comps, list(data.get("warnings", [])),
+                       extra={k: v for k, v in data.items() if k not in known})
+        except PlacementError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise PlacementError(f"not a plan (schema v{SCHEMA_VERSION}): {exc!r}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlacementError(f"plan is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise PlacementError("plan JSON must be an object")
+        return cls.from_dict(data)
+
+    # -- for people -----------------------------------------------------------------
+    def report(self) -> str:
+        from .report import render_plan   # the table lives with its formatting helpers
+        return render_plan(self)
+
+    def __str__(self) -> str:
+        return self.report()
+
+
+def _component_dict(c: ComponentPlan) -> dict:
+    return {
+        "runtime": list(c.runtime), "params": c.params, "split_mode": c.split_mode,
+        "stream": None if c.stream is None else {
+            "resident_blocks": c.stream.resident_blocks,
+            "prefetch_depth": c.stream.prefetch_depth},
+        "blocks": {k: list(v) for k, v in c.blocks.items()},
+        "resident_bytes": c.resident_bytes, "streamed_bytes": c.streamed_bytes,
+        "reasons": list(c.reasons), "present": c.present, "total_bytes": c.total_bytes,
+    }
+
+
+__all__ = ["Plan", "ComponentPlan", "DevicePlan", "StreamPlan", "SCHEMA_VERSION",
+           "format_bytes"]

@@ -1,0 +1,249 @@
+"""Resolve a PlacementSpec against an inventory into a Plan.
+
+Without auto_fit the plan is exactly what the user asked for (issue 2); with it,
+placement.fit decides what the user left unset. Both start from the same Request.
+"""
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from .components import COMPONENTS
+from .devices import Inventory
+from .errors import PlacementError
+from .plan import ComponentPlan, DevicePlan, Plan, StreamPlan
+from .spec import PlacementSpec
+from .units import format_bytes
+
+# Components whose blocks the runtime streams when stream_layers is on without auto-fit
+# (as sd.cpp, plus text encoders: a T5-XXL or an LLM on a small GPU).
+STREAMED_BY_DEFAULT = ("diffusion", "te")
+DEFAULT_PREFETCH_DEPTH = 1
+
+
+@dataclass
+class Choice:
+    """What the user asked for one component, resolved against the inventory."""
+    runtime: Optional[List[str]]      # device names (len > 1: a split); None: unset
+    params: Optional[str]             # device name | 'cpu' | 'disk'; None: unset
+    split_mode: Optional[str]         # 'layer' | 'row'; None: unset
+
+
+@dataclass
+class Request:
+    choices: Dict[str, Choice]
+    budgets: Dict[str, Optional[int]]  # device -> bytes; None: no budget given
+    stream_layers: bool
+    warnings: List[str] = field(default_factory=list)
+    offload_mode: str = "auto"
+
+
+def _resolve_name(inventory: Inventory, token: str, strict: bool, where: str,
+                  warnings: List[str]) -> Optional[str]:
+    try:
+        return inventory.resolve(token).name
+    except PlacementError as exc:
+        if strict:
+            raise
+        warnings.append(f"{where}: {exc}; falling back to auto")
+        return None
+
+
+def _resolve_runtime(inventory, tokens, strict, where, warnings) -> Optional[List[str]]:
+    if tokens is None:
+        return None
+    names = []
+    for token in tokens:
+        name = _resolve_name(inventory, token, strict, where, warnings)
+        if name is None:
+            continue
+        if name in names:
+            raise PlacementError(f"{where}: invalid device list {'&'.join(tokens)!r}: "
+                                 f"{name} is named twice")
+        names.append(name)
+    return names or None
+
+
+def _resolve_budget(inventory: Inventory, value: int, device: str) -> Optional[int]:
+    if value == 0:
+        return None
+    if value > 0:
+        return value
+    return max(0, inventory.get(device).free_bytes + value)
+
+
+def resolve_request(spec: PlacementSpec, inventory: Inventory, strict: bool = True) -> Request:
+    if not isinstance(spec, PlacementSpec):
+        raise PlacementError(f"expected a PlacementSpec, got {type(spec).__name__}")
+    warnings: List[str] = []
+    choices = {}
+    for comp in COMPONENTS:
+        runtime = _resolve_runtime(inventory, spec.runtime.for_component(comp), strict,
+                                   f"backend for {comp}", warnings)
+        params_token = spec.params.for_component(comp)
+        params = params_token
+        if params_token not in (None, "disk"):
+            params = _resolve_name(inventory, params_token, strict,
+                                   f"params backend for {comp}", warnings)
+        choices[comp] = Choice(runtime, params, spec.split.for_component(comp))
+
+    budgets: Dict[str, Optional[int]] = {d.name: None for d in inventory.devices}
+    if spec.budgets.default is not None:       # a bare number: every accelerator
+        for d in inventory.accelerators():
+            budgets[d.name] = _resolve_budget(inventory, spec.budgets.default, d.name)
+    for token, value in spec.budgets.modules.items():
+        name = _resolve_name(inventory, token, strict, "max_vram key", warnings)
+        if name is not None:
+            budgets[name] = _resolve_budget(inventory, value, name)
+    return Request(choices, budgets, spec.stream_layers, warnings, spec.offload_mode)
+
+
+def describe_components(components, resolution=(1024, 1024), frames=1, batch=1):
+    """{component: path | [paths] | nn.Module | ComponentInfo} -> {component: ComponentInfo}."""
+    if not components:
+        return {}
+    from .components import canonical_component
+    from .metadata import describe_component
+    infos = {}
+    for key, sources in components.items():
+        comp = canonical_component(key)
+        if not isinstance(sources, (list, tuple)):
+            sources = [sources]
+        infos[comp] = describe_component(comp, list(sources), resolution=resolution,
+                                         frames=frames, batch=batch)
+    return infos
+
+
+def device_plans(inventory: Inventory, budgets: Dict[str, Optional[int]]) -> List[DevicePlan]:
+    return [DevicePlan(d.name, d.kind, d.total_bytes, d.free_bytes, budgets.get(d.name),
+                       description=d.description) for d in inventory.devices]
+
+
+def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: bool = True,
+         *, resolution=(1024, 1024), frames: int = 1, batch: int = 1, **fit_options) -> Plan:
+    """Resolve `spec` for the seven components. `components` describes what is loaded
+    ({component: path | [paths] | nn.Module | ComponentInfo}); with auto_fit it is what
+    the planner fits, without it sizes only fill in the report and the warnings."""
+    request = resolve_request(spec, inventory, strict)
+    infos = describe_components(components, resolution, frames, batch)
+    if spec.auto_fit:
+        from .fit import FitOptions, fit
+        options = FitOptions(offload_mode=spec.offload_mode, **fit_options)
+        result = fit(request, inventory, infos, options)
+        result.warnings[:0] = request.warnings
+        return result
+    if fit_options:
+        raise PlacementError(f"option(s) {', '.join(sorted(fit_options))} need auto_fit")
+    return explicit_plan(request, inventory, infos)
+
+
+def explicit_plan(request: Request, inventory: Inventory, infos) -> Plan:
+    """The plan the user wrote, resolved exactly; nothing is decided for them beyond the
+    documented defaults (runtime auto, params = runtime device, split layer)."""
+    default = inventory.default_device().name
+    warnings = list(request.warnings)
+    comps: Dict[str, ComponentPlan] = {}
+    for comp in COMPONENTS:
+        choice = request.choices[comp]
+        info = infos.get(comp)
+        runtime = choice.runtime or [default]
+        reasons = [f"runtime {'&'.join(runtime)} "
+                   f"({'asked' if choice.runtime else 'auto: ' + _auto_reason(inventory)})"]
+        params = choice.params or runtime[0]
+        reasons.append(f"params {params} ({'asked' if choice.params else 'with the runtime'})")
+        cp = ComponentPlan(comp, runtime, params, choice.split_mode or "layer",
+                           present=info is not None,
+                           total_bytes=info.total_bytes if info else 0, reasons=reasons)
+        _streaming(cp, request, inventory, info)
+        if cp.is_split:
+            _split_ranges(cp, request, inventory, info)
+        _sizes(cp, info)
+        comps[comp] = cp
+    devices = device_plans(inventory, request.budgets)
+    _account(devices, comps, warnings)
+    return Plan(devices, comps, warnings)
+
+
+def _auto_reason(inventory: Inventory) -> str:
+    d = inventory.default_device()
+    return {"gpu": "first GPU", "igpu": "no GPU, integrated GPU"}.get(d.kind, "no GPU, CPU")
+
+
+def _streaming(cp: ComponentPlan, request: Request, inventory: Inventory, info) -> None:
+    """stream_layers without auto-fit: stream diffusion and text encoders that compute on
+    an accelerator. Streaming needs the weights to rest off the device; like sd.cpp we
+    then rest them in host memory, but we say so."""
+    if not request.stream_layers or cp.component not in STREAMED_BY_DEFAULT:
+        return
+    if inventory.get(cp.main_device).kind == "cpu":
+        cp.reasons.append("not streamed: it computes on the CPU")
+        return
+    if cp.params in cp.runtime:
+        cp.params = "cpu"
+        cp.reasons.append("stream_layers needs weights off the device: params -> cpu")
+    resident = 0
+    budget = request.budgets.get(cp.main_device)
+    if info is not None and info.blocks and budget is not None and not cp.is_split:
+        from .fit import stream_prefix
+        resident = stream_prefix(info, budget, DEFAULT_PREFETCH_DEPTH)[0]
+    cp.stream = StreamPlan(resident, DEFAULT_PREFETCH_DEPTH)
+    cp.reasons.append(f"streamed on {cp.main_device}: first {resident} blocks resident, "
+                      f"prefetch depth {DEFAULT_PREFETCH_DEPTH}")
+
+
+def _split_ranges(cp: ComponentPlan, request: Request, inventory: Inventory, info) -> None:
+    from .ranges import proportional_ranges
+    weights = []
+    for name in cp.runtime:
+        budget = request.budgets.get(name)
+        weights.append(float(budget if budget is not None else inventory.get(name).free_bytes))
+    if info is None or not info.blocks:
+        cp.reasons.append(f"{cp.split_mode} split over {', '.join(cp.runtime)} "
+                          f"(ranges set when the model is known)")
+        return
+    cp.blocks = proportional_ranges([b.nbytes for b in info.blocks], cp.runtime, weights)
+    cp.reasons.append(f"{cp.split_mode} split over {', '.join(cp.runtime)} in proportion to "
+                      f"budgets: " + ", ".join(f"{d} blocks {r[0]}-{r[1]}"
+                                              for d, r in cp.blocks.items()))
+
+
+def _sizes(cp: ComponentPlan, info) -> None:
+    if info is None:
+        return
+    if cp.stream is not None:
+        blocks = info.blocks
+        k = cp.stream.resident_blocks
+        cp.resident_bytes = info.non_block_bytes + sum(b.nbytes for b in blocks[:k])
+        cp.streamed_bytes = sum(b.nbytes for b in blocks[k:])
+    else:
+        cp.resident_bytes = info.total_bytes    # while its phase runs
+
+
+def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan],
+             warnings: List[str]) -> None:
+    """Planned bytes per device at its busiest phase, and a warning per budget overrun."""
+    from .components import PHASES
+    by_name = {d.name: d for d in devices}
+    per_phase: Dict[str, Dict[str, int]] = {}
+    for cp in comps.values():
+        if not cp.present:
+            continue
+        if cp.is_split and cp.blocks:
+            share = {d: 0 for d in cp.runtime}
+            # without per-block sizes here, split the resident bytes by block count
+            n = sum(r[1] - r[0] + 1 for r in cp.blocks.values()) or 1
+            for d, r in cp.blocks.items():
+                share[d] = cp.resident_bytes * (r[1] - r[0] + 1) // n
+        else:
+            share = {cp.main_device: cp.resident_bytes}
+        for d, b in share.items():
+            if by_name[d].kind == "cpu":
+                continue
+            per_phase.setdefault(d, {}).setdefault(PHASES[cp.component], 0)
+            per_phase[d][PHASES[cp.component]] += b
+    for name, phases in per_phase.items():
+        dev = by_name[name]
+        dev.planned_bytes = max(phases.values())
+        limit = dev.budget_bytes if dev.budget_bytes is not None else dev.free_bytes
+        if dev.planned_bytes > limit:
+            warnings.append(f"{name}: plan needs {format_bytes(dev.planned_bytes)} but the "
+                            f"{'budget' if dev.budget_bytes is not None else 'free memory'} "
+                            f"is {format_bytes(limit)}; turn on auto_fit or stream_layers")

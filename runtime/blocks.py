@@ -1,0 +1,95 @@
+"""The repeated blocks of a module, in execution order: the unit of streaming.
+
+Found from the module's structure: the shallowest module holding known block groups
+(transformer_blocks, double_blocks, down_blocks/mid_block/up_blocks, layers, ...),
+groups taken in the order they run in the architectures we know. The streamer checks
+the order on the first forward and adopts what it sees. Everything outside the blocks
+(embeddings, final layers) is non-block and stays resident.
+"""
+from collections import deque
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..placement.errors import PlacementError
+
+# Group attribute names in the order they execute in the architectures we know.
+GROUP_ORDER = (
+    "noise_refiner", "context_refiner",                        # Lumina2 / Z-Image
+    "down_blocks", "input_blocks",                              # UNets (diffusers, ldm)
+    "double_blocks", "double_stream_blocks", "joint_blocks",    # Flux/HiDream/SD3 (ldm)
+    "transformer_blocks",                                       # diffusers DiTs
+    "mid_block", "middle_block",
+    "single_blocks", "single_stream_blocks", "single_transformer_blocks",
+    "up_blocks", "output_blocks",
+    "blocks", "layers", "block", "h",                           # Wan, LLMs, T5, GPT-style
+)
+SINGLE_GROUPS = ("mid_block", "middle_block")   # one module, not a list
+
+Block = Tuple[str, nn.Module]
+
+
+def _has_params(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
+
+
+def _groups_of(module: nn.Module) -> List[Block]:
+    children = dict(module.named_children())
+    lists = [n for n in GROUP_ORDER if isinstance(children.get(n), nn.ModuleList)
+             and len(children[n]) > 0]
+    if not lists:
+        return []
+    blocks: List[Block] = []
+    for name in GROUP_ORDER:
+        child = children.get(name)
+        if isinstance(child, nn.ModuleList):
+            blocks += [(f"{name}.{i}", b) for i, b in enumerate(child) if _has_params(b)]
+        elif name in SINGLE_GROUPS and child is not None and _has_params(child):
+            blocks.append((name, child))
+    return blocks
+
+
+def find_blocks(module: nn.Module, names: Optional[Sequence[str]] = None) -> List[Block]:
+    """Blocks as (qualified name, module) in expected execution order.
+    `names`: an explicit list (a plan's or metadata's BlockInfo names)."""
+    if names is not None:
+        return _named_blocks(module, names)
+    todo = deque([("", module)])
+    while todo:
+        prefix, mod = todo.popleft()
+        found = _groups_of(mod)
+        if len(found) >= 2:
+            return [(prefix + n, b) for n, b in found]
+        for name, child in mod.named_children():
+            todo.append((f"{prefix}{name}.", child))
+    return []
+
+
+def _named_blocks(module: nn.Module, names: Sequence[str]) -> List[Block]:
+    blocks = []
+    for name in names:
+        try:
+            blocks.append((name, module.get_submodule(name)))
+        except AttributeError:
+            raise PlacementError(f"block {name!r} is not a submodule of "
+                                 f"{type(module).__name__}; pass names such as "
+                                 f"'transformer_blocks.0'") from None
+    seen = {}
+    for name, block in blocks:
+        for sub in block.modules():
+            if id(sub) in seen:
+                raise PlacementError(f"blocks {seen[id(sub)]!r} and {name!r} overlap; "
+                                     f"blocks must be disjoint submodules")
+            seen[id(sub)] = name
+    return blocks
+
+
+def block_tensors(block: nn.Module) -> List[torch.Tensor]:
+    """Parameters and buffers of a block, each once (tied tensors appear once)."""
+    out, seen = [], set()
+    for t in list(block.parameters()) + list(block.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out

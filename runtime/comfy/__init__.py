@@ -1,0 +1,10 @@
+"""The ComfyUI adapter: executes a Plan on ComfyUI's own model objects.
+
+The only runtime code that imports `comfy`. It places components through ComfyUI's
+supported mechanisms (patcher clones, load/offload devices, wrapper copies) and
+never replaces ComfyUI's memory manager or switches a global device.
+"""
+from .place import PLACERS, place_objects
+from .targets import Target, check_executable, target_for
+
+__all__ = ["PLACERS", "place_objects", "Target", "check_executable", "target_for"]

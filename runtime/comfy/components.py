@@ -1,0 +1,118 @@
+"""Placed copies of ComfyUI's model objects, one function per type.
+
+Every function returns a new object and a list of notes; the object it was given
+(a cached node output that other nodes share) is left exactly as it was.
+Only supported mechanisms are used: clones/copies, the patcher's load/offload
+devices, and the device attributes each wrapper reads at run time.
+"""
+import copy
+from typing import List, Tuple
+
+import comfy.model_management
+
+from ...placement.errors import PlacementError
+from .patchers import retarget
+from .targets import Target
+
+Placed = Tuple[object, List[str]]
+
+
+def place_model(model, target: Target) -> Placed:
+    """MODEL (a ModelPatcher around the diffusion model)."""
+    placed, notes = retarget(model, target, "diffusion")
+    if placed.load_device != model.load_device:
+        # The loader chose the weight dtype for its device; compute in one the new
+        # device supports (as core's Select Model Device does).
+        cast = comfy.model_management.unet_manual_cast(placed.model_dtype(), placed.load_device)
+        if cast is not None:
+            placed.set_model_compute_dtype(cast)
+            notes.append(f"diffusion: computes in {str(cast).replace('torch.', '')} "
+                         f"on {target.runtime}")
+    return placed, notes
+
+
+def place_clip(clip, target: Target) -> Placed:
+    """CLIP (text encoders): CLIP.encode reads its patcher's load_device."""
+    placed = clip.clone()
+    placed.patcher, notes = retarget(clip.patcher, target, "te")
+    placed.cond_stage_model = placed.patcher.model   # differs when the patcher was rebuilt
+    return placed, notes
+
+
+def place_vae(vae, target: Target) -> Placed:
+    """VAE: core has no VAE.clone(); copy the wrapper, retarget its patcher, and keep the
+    wrapper's own `device` (where it sends latents) in step with the patcher."""
+    placed = copy.copy(vae)
+    placed.patcher, notes = retarget(vae.patcher, target, "vae")
+    placed.first_stage_model = placed.patcher.model
+    placed.device = target.load_device
+    return placed, notes
+
+
+def place_controlnet(control, target: Target, diffusion_runtime: str) -> Placed:
+    """CONTROL_NET: it computes inside the sampler on the latent's device, so it must run
+    where the diffusion model runs until activations can hop between devices."""
+    if target.runtime != diffusion_runtime:
+        raise PlacementError(
+            f"controlnet on {target.runtime} while diffusion runs on {diffusion_runtime}: "
+            f"moving activations between devices mid-step needs the split runtime (issue 5), "
+            f"not built yet; put controlnet on {diffusion_runtime}")
+    placed = control.copy()
+    if hasattr(placed, "control_model_wrapped"):           # ControlNet and subclasses
+        if type(placed).__name__ == "ControlLora" and \
+                target.load_device != comfy.model_management.get_torch_device():
+            raise PlacementError(
+                f"controlnet: ComfyUI's ControlLora always loads on its default device "
+                f"({comfy.model_management.get_torch_device()}); it cannot be placed on "
+                f"{target.runtime}")
+        placed.control_model_wrapped, notes = retarget(control.control_model_wrapped, target,
+                                                       "controlnet")
+        placed.control_model = placed.control_model_wrapped.model
+        placed.load_device = target.load_device
+        return placed, notes
+    if hasattr(placed, "t2i_model"):                        # T2IAdapter: no patcher
+        if target.offload_device.type != "cpu":
+            raise PlacementError(
+                f"controlnet (T2I adapter): ComfyUI moves its weights back to the cpu after "
+                f"each use, so params {target.params} cannot be kept; use params cpu")
+        placed.device = target.load_device
+        return placed, []
+    raise PlacementError(f"controlnet: unknown control type {type(control).__name__}; "
+                         f"supported: ControlNet, ControlLora, T2IAdapter")
+
+
+def place_clip_vision(clip_vision, target: Target) -> Placed:
+    """CLIP_VISION: encode_image reads its own load_device and loads its patcher."""
+    placed = copy.copy(clip_vision)
+    placed.patcher, notes = retarget(clip_vision.patcher, target, "clip_vision")
+    placed.model = placed.patcher.model
+    placed.load_device = target.load_device
+    return placed, notes
+
+
+def place_upscale_model(upscale_model, target: Target) -> Placed:
+    """UPSCALE_MODEL: core's upscale node computes on `upscale_model.patcher.load_device`."""
+    patcher = getattr(upscale_model, "patcher", None)
+    if patcher is None:
+        raise PlacementError("upscaler: this upscale model has no ComfyUI patcher; load it "
+                             "with core's Load Upscale Model node")
+    placed = copy.copy(upscale_model)
+    placed.patcher, notes = retarget(patcher, target, "upscaler")
+    if placed.patcher.model is not patcher.model:
+        raise PlacementError("upscaler: its patcher was rebuilt, which spandrel models "
+                             "cannot follow; run ComfyUI with --disable-dynamic-vram")
+    return placed, notes
+
+
+def place_photomaker(photomaker, target: Target) -> Placed:
+    """PHOTOMAKER: core's PhotoMaker encoder has no patcher; it computes on its
+    `load_device` and casts its weights there per layer from wherever they rest."""
+    resting = {p.device for p in photomaker.parameters()}
+    if resting and resting != {target.offload_device}:
+        have = ", ".join(sorted(str(d) for d in resting))
+        raise PlacementError(
+            f"photomaker: its weights rest on {have} and ComfyUI's PhotoMaker model has no "
+            f"patcher to move them; use params {have.replace(':', '')}")
+    placed = copy.copy(photomaker)           # shares weights; own load_device attribute
+    placed.load_device = target.load_device
+    return placed, []

@@ -1,0 +1,44 @@
+"""Apply a Plan to the ComfyUI objects of one workflow.
+
+`place_objects(plan, inventory, {component: object})` returns placed copies (the
+given objects are untouched) and the notes to show next to the plan. Nothing is
+placed unless everything can be: errors are raised before any copy is returned.
+"""
+from typing import Dict, List, Tuple
+
+from ...placement.errors import PlacementError
+from .components import (place_clip, place_clip_vision, place_controlnet, place_model,
+                         place_photomaker, place_upscale_model, place_vae)
+from .targets import target_for
+
+# component -> (ComfyUI io type it arrives as, placing function)
+PLACERS = {
+    "diffusion": ("MODEL", place_model),
+    "te": ("CLIP", place_clip),
+    "vae": ("VAE", place_vae),
+    "controlnet": ("CONTROL_NET", place_controlnet),
+    "clip_vision": ("CLIP_VISION", place_clip_vision),
+    "upscaler": ("UPSCALE_MODEL", place_upscale_model),
+    "photomaker": ("PHOTOMAKER", place_photomaker),
+}
+
+
+def place_objects(plan, inventory, objects: Dict[str, object]) -> Tuple[Dict[str, object], List[str]]:
+    placed: Dict[str, object] = {}
+    notes: List[str] = []
+    for component, obj in objects.items():
+        if obj is None:
+            continue
+        if component not in PLACERS:
+            raise PlacementError(f"no ComfyUI placer for component {component!r}; "
+                                 f"placers: {', '.join(PLACERS)}")
+        target = target_for(plan, component, inventory)
+        place = PLACERS[component][1]
+        if component == "controlnet":
+            out, more = place(obj, target, plan.components["diffusion"].main_device)
+        else:
+            out, more = place(obj, target)
+        placed[component] = out
+        notes.append(target.describe())
+        notes.extend(more)
+    return placed, notes

@@ -1,0 +1,71 @@
+"""The simulated accelerator: device memory is host memory, but its capacity is the
+ledger's (see runtime/ledger.py) and a host-to-device copy lands only after the modelled
+time (bytes / bandwidth + latency), on a worker thread, like a DMA engine. Until then
+the destination keeps its old bytes, so a consumer that skips `wait` computes with
+stale weights: the race tests rely on it.
+
+Compute runs eagerly on the host, so when a compute mark is taken everything issued
+before it has finished; marks need no event.
+"""
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .transfer import CopyWorker, Ticket, Transfer, raise_if_failed
+
+
+@dataclass(frozen=True)
+class Link:
+    """The modelled host-to-device link. bandwidth None: as fast as the memcpy."""
+    bandwidth: Optional[float] = 25e9     # bytes per second (PCIe 4 x16, pinned, in practice)
+    latency: float = 10e-6                # seconds per copy
+
+    def seconds(self, nbytes: int) -> float:
+        if self.bandwidth is None:
+            return 0.0
+        return self.latency + nbytes / self.bandwidth
+
+
+class SimTransfer(Transfer):
+    pin_host = False
+
+    def __init__(self, name: str, link: Link = Link()):
+        self.device = torch.device("cpu")
+        self.link = link
+        self._busy_until = 0.0
+        self._worker = CopyWorker(name, self._copy)
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def submit(self, dst, src, read=None, after=None) -> Ticket:
+        ticket = Ticket(dst.numel())
+        self._worker.put(ticket, (dst, src, read))
+        self._worker.forget_done()
+        return ticket
+
+    def _copy(self, ticket, dst, src, read):
+        if read is not None:
+            read(src)                     # disk -> staging, at the disk's real speed
+        start = max(time.perf_counter(), self._busy_until)
+        landing = start + self.link.seconds(ticket.nbytes)
+        delay = landing - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)             # the bytes are on the wire: dst is still old
+        dst.copy_(src)
+        self._busy_until = max(landing, time.perf_counter())
+
+    def compute_mark(self):
+        return None
+
+    def wait(self, ticket: Ticket) -> None:
+        ticket.done.wait()
+        raise_if_failed(ticket)
+
+    def drain(self) -> None:
+        self._worker.drain()
+
+    def close(self) -> None:
+        self._worker.close()

@@ -1,0 +1,71 @@
+"""One device as the runtime sees it: its transfer queue and the component's ledger.
+
+A placement opens one Target per device it uses (the split runtime will open several);
+device memory is allocated only through `alloc`, so the ledger always knows what is
+held. Kinds: a simulated accelerator (inventory Device.simulated), a real CUDA device
+(torch_device 'cuda:N'), or the host itself ('cpu', for streaming from disk into RAM).
+"""
+from typing import Optional
+
+import torch
+
+from ..placement.errors import PlacementError
+from .ledger import Ledger
+from .simdevice import Link, SimTransfer
+from .transfer import CudaTransfer, Ticket
+
+CUDA_FREE_MARGIN = 512 * 1024 ** 2     # seed 002's clamp: free memory minus 512 MiB
+
+
+class Target:
+    def __init__(self, name: str, transfer, capacity: int, simulated: bool):
+        self.name = name
+        self.transfer = transfer
+        self.device: torch.device = transfer.device
+        self.ledger = Ledger(name, capacity)
+        self.simulated = simulated
+        self.is_cuda = self.device.type == "cuda"
+
+    def alloc(self, nbytes: int, category: str, what: str) -> torch.Tensor:
+        self.ledger.reserve(category, nbytes, what)
+        try:
+            return self.transfer.alloc(nbytes)
+        except BaseException:
+            self.ledger.release(category, nbytes)
+            raise
+
+    def free(self, nbytes: int, category: str) -> None:
+        self.ledger.release(category, nbytes)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, read=None, after=None) -> Ticket:
+        self.ledger.count_h2d(dst.numel())
+        return self.transfer.submit(dst, src, read, after)
+
+    def close(self) -> None:
+        self.transfer.close()
+
+
+def open_target(device, budget_bytes: Optional[int], link: Optional[Link] = None) -> Target:
+    """`device` is a placement.devices.Device. Capacity: the budget, never more than the
+    device's free memory (re-measured now on a real device)."""
+    if device.simulated:
+        capacity = device.free_bytes if budget_bytes is None else min(budget_bytes,
+                                                                      device.free_bytes)
+        return Target(device.name, SimTransfer(device.name, link or Link()), capacity, True)
+    torch_device = device.torch_device or ""
+    if torch_device == "cpu":
+        capacity = device.free_bytes if budget_bytes is None else budget_bytes
+        return Target(device.name, SimTransfer(device.name, Link(bandwidth=None)),
+                      capacity, False)
+    if torch_device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise PlacementError(f"device {device.name} ({torch_device}) is not available to "
+                                 f"torch here; use a simulated inventory to plan for it")
+        free, _total = torch.cuda.mem_get_info(torch.device(torch_device))
+        capacity = max(0, free - CUDA_FREE_MARGIN)
+        if budget_bytes is not None:
+            capacity = min(capacity, budget_bytes)
+        return Target(device.name, CudaTransfer(torch_device), capacity, False)
+    raise PlacementError(f"device {device.name} ({torch_device or 'no torch device'}) is not "
+                         f"supported by the streaming runtime; supported: simulated devices, "
+                         f"cuda devices, cpu")

@@ -1,0 +1,157 @@
+"""Asynchronous host-to-device copies: the one interface the streaming engine uses.
+
+A `Transfer` belongs to one device and owns its copy queue (a CUDA copy stream, or the
+simulated device's copy engine). Rules every implementation keeps:
+- `submit` returns a `Ticket`; compute may read `dst` only after `wait(ticket)`.
+- `after=compute_mark()` makes the copy wait until compute issued before the mark has
+  finished, so a slot is overwritten only once the block that read it is done.
+- a `read` callable fills the host `src` (a staging buffer) from disk on the copy
+  worker before the copy; a staging buffer is refilled only after its previous copy
+  has finished.
+- `drain()` returns when every submitted copy has landed.
+No record_stream tricks: buffers live as long as the placement and are freed after
+`drain()`.
+"""
+import queue
+import threading
+from typing import Callable, Optional
+
+import torch
+
+
+class Ticket:
+    __slots__ = ("done", "error", "event", "nbytes")
+
+    def __init__(self, nbytes: int):
+        self.done = threading.Event()     # host side: the copy was carried out / issued
+        self.error = None
+        self.event = None                 # CUDA: event on the copy stream
+        self.nbytes = nbytes
+
+
+class Transfer:
+    """Interface. `device` is where compute tensors live (cpu for a simulated device)."""
+    device: torch.device
+    pin_host: bool = False              # whether host buffers should be pinned
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def alloc_host(self, nbytes: int, pin: bool) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+
+    def submit(self, dst: torch.Tensor, src: torch.Tensor,
+               read: Optional[Callable[[torch.Tensor], None]] = None, after=None) -> Ticket:
+        raise NotImplementedError
+
+    def compute_mark(self):
+        raise NotImplementedError
+
+    def wait(self, ticket: Ticket) -> None:
+        raise NotImplementedError
+
+    def drain(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class CopyWorker:
+    """One thread that runs copy jobs in submission order (a copy engine)."""
+
+    def __init__(self, name: str, run: Callable):
+        self._run = run
+        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._pending = []
+        self._thread = threading.Thread(target=self._loop, name=f"copy-{name}", daemon=True)
+        self._thread.start()
+
+    def put(self, ticket: Ticket, job) -> None:
+        self._pending.append(ticket)
+        self._jobs.put((ticket, job))
+
+    def _loop(self):
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            ticket, job = item
+            try:
+                self._run(ticket, *job)
+            except BaseException as exc:   # surfaced to the waiter, never lost
+                ticket.error = exc
+            ticket.done.set()
+
+    def drain(self) -> None:
+        pending, self._pending = self._pending, []
+        for t in pending:
+            t.done.wait()
+        for t in pending:
+            if t.error is not None:
+                raise t.error
+
+    def forget_done(self) -> None:
+        if len(self._pending) > 64:
+            self._pending = [t for t in self._pending if not t.done.is_set()]
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=10)
+
+
+def raise_if_failed(ticket: Ticket) -> None:
+    if ticket.error is not None:
+        raise RuntimeError(f"asynchronous copy failed: {ticket.error!r}") from ticket.error
+
+
+class CudaTransfer(Transfer):
+    """A copy stream per device; events order copies against compute."""
+    pin_host = True
+
+    def __init__(self, device: str):
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(self.device)
+        self._staging_events = {}         # staging data_ptr -> event of its last copy
+        self._worker = CopyWorker(str(self.device), self._copy)
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def submit(self, dst, src, read=None, after=None) -> Ticket:
+        ticket = Ticket(dst.numel())
+        self._worker.put(ticket, (dst, src, read, after))
+        self._worker.forget_done()
+        return ticket
+
+    def _copy(self, ticket, dst, src, read, after):
+        if read is not None:
+            last = self._staging_events.get(src.data_ptr())
+            if last is not None:
+                last.synchronize()        # the DMA from this staging buffer has finished
+            read(src)
+        with torch.cuda.stream(self.stream):
+            if after is not None:
+                self.stream.wait_event(after)
+            dst.copy_(src, non_blocking=True)
+            ticket.event = torch.cuda.Event()
+            ticket.event.record(self.stream)
+        if read is not None:
+            self._staging_events[src.data_ptr()] = ticket.event
+
+    def compute_mark(self):
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def wait(self, ticket: Ticket) -> None:
+        ticket.done.wait()                # the copy is issued (an unrecorded event is no wait)
+        raise_if_failed(ticket)
+        torch.cuda.current_stream(self.device).wait_event(ticket.event)
+
+    def drain(self) -> None:
+        self._worker.drain()
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        self._worker.close()

@@ -1,0 +1,11 @@
+import pytest
+
+from comfyui_placement.placement import Inventory
+
+# The inventory the grammar examples of seed 000 are written for.
+SEED_INVENTORY = "cuda0=24GiB,cuda1=12GiB,vulkan0=8GiB,metal=16GiB,cpu=64GiB"
+
+
+@pytest.fixture
+def seed_inventory():
+    return Inventory.simulated(SEED_INVENTORY)

@@ -1,0 +1,65 @@
+import json
+
+import pytest
+
+from comfyui_placement.placement import Plan, PlacementError, PlacementSpec, plan
+from comfyui_placement.placement.metadata.info import BlockInfo, ComponentInfo
+
+GiB = 1 << 30
+
+
+def _flux_like(total_blocks=10, block=GiB):
+    blocks = tuple(BlockInfo(f"blocks.{i}", block, "blocks", i) for i in range(total_blocks))
+    return ComponentInfo("diffusion", total_blocks * block + GiB // 2, blocks, arch="flux")
+
+
+def test_json_v1_keys_and_round_trip(seed_inventory):
+    p = plan(PlacementSpec(backend="diffusion=cuda0&cuda1,te=cpu", params_backend="vae=disk",
+                           max_vram="cuda0=6,cuda1=2"), seed_inventory,
+             components={"diffusion": _flux_like()})
+    data = json.loads(p.to_json())
+    assert data["version"] == 1
+    assert set(data["devices"][0]) >= {"name", "kind", "total_bytes", "free_bytes", "budget_bytes"}
+    comp = data["components"]["diffusion"]
+    assert set(comp) >= {"runtime", "params", "split_mode", "stream", "blocks", "resident_bytes",
+                         "streamed_bytes", "reasons"}
+    assert comp["runtime"] == ["cuda0", "cuda1"]
+    # proportional to budgets 6:2 over 10 equal blocks
+    assert comp["blocks"] == {"cuda0": [0, 7], "cuda1": [8, 9]}
+    assert data["components"]["vae"]["params"] == "disk"
+    again = Plan.from_json(p.to_json())
+    assert again.to_json() == p.to_json()
+
+
+def test_stream_layers_without_auto_fit(seed_inventory):
+    p = plan(PlacementSpec(backend="cuda1", stream_layers=True, max_vram="cuda1=4"),
+             seed_inventory, components={"diffusion": _flux_like()})
+    cp = p.components["diffusion"]
+    assert cp.params == "cpu" and cp.stream is not None
+    assert cp.resident_bytes + cp.streamed_bytes == cp.total_bytes
+    assert cp.resident_bytes <= 4 * GiB
+    assert p.components["vae"].stream is None            # only diffusion and te stream
+    data = json.loads(p.to_json())
+    assert data["components"]["diffusion"]["stream"]["prefetch_depth"] >= 1
+
+
+def test_overrun_is_warned_not_hidden(seed_inventory):
+    p = plan(PlacementSpec(backend="cuda1", max_vram="cuda1=4"), seed_inventory,
+             components={"diffusion": _flux_like()})
+    assert any("cuda1" in w and "budget" in w for w in p.warnings)
+    assert "DEFICIT" in p.report()
+
+
+@pytest.mark.parametrize("text,words", [
+    ("[]", "object"), ("{", "not JSON"), ('{"version": 2}', "unsupported plan version"),
+    ('{"version": 1, "devices": []}', "not a plan"),
+    ('{"version": 1, "devices": [], "components": {"gpu": {}}}', "unknown component"),
+])
+def test_bad_plan_json(text, words):
+    with pytest.raises(PlacementError, match=words):
+        Plan.from_json(text)
+
+
+def test_report_is_a_table(seed_inventory):
+    text = plan(PlacementSpec(backend="te=cpu"), seed_inventory).report()
+    assert "component" in text and "device" in text and "cuda0" in text
