@@ -77,13 +77,10 @@ class BackendAssignment(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, backend="", params_backend="", max_vram="", split_mode="",
-                        stream_layers=False, auto_fit=False, offload_mode="auto",
-                        offload_to_cpu=False, clip_on_cpu=False, vae_on_cpu=False,
-                        control_net_cpu=False, strict=False):
+                        auto_fit=False, strict=False):
+        # Only the inputs that can be wrong (ComfyUI repeats the message for each one).
         try:
-            spec = build_spec(backend, params_backend, max_vram, split_mode, stream_layers,
-                              auto_fit, offload_mode, offload_to_cpu, clip_on_cpu,
-                              vae_on_cpu, control_net_cpu)
+            spec = build_spec(backend, params_backend, max_vram, split_mode, auto_fit=auto_fit)
             make_plan(spec, node_inventory(), strict=strict)
         except PlacementError as exc:
             return f"placement error: {exc}"

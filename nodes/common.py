@@ -2,6 +2,7 @@
 import os
 from dataclasses import dataclass
 
+import comfy.model_management
 from comfy_api.latest import io
 
 from ..placement.devices import Inventory
@@ -22,8 +23,13 @@ class Placement:
 
 
 def node_inventory() -> Inventory:
-    """This machine, or the diagnostic simulated inventory named by the environment."""
+    """This machine as ComfyUI uses it, or the diagnostic simulated inventory named by
+    the environment. ComfyUI started with --cpu uses no GPU, so none is offered."""
     simulated = os.environ.get(SIMULATE_ENV, "").strip()
     if simulated:
         return Inventory.simulated(simulated)
-    return Inventory.detect()
+    inventory = Inventory.detect()
+    if comfy.model_management.cpu_mode() and len(inventory.devices) > 1:
+        return Inventory([d for d in inventory.devices if d.kind == "cpu"],
+                         source="detected (ComfyUI runs with --cpu: GPUs not offered)")
+    return inventory

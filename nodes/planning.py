@@ -1,36 +1,45 @@
-"""Planning from inside ComfyUI: the lead's plan() with the sizes of loaded objects."""
-from typing import Dict
+"""Planning from inside ComfyUI: the pack's plan() fed with the loaded objects.
+
+Apply Placement plans every connected component together (auto-fit must see the whole
+set). Each is described from its torch module (names, shapes and dtypes only, no
+weights read), so the plan knows its blocks; an object the metadata reader cannot
+describe is still planned, by its size alone.
+"""
+from typing import Dict, Optional
 
 from ..placement.errors import PlacementError
-from ..placement.metadata.info import ComponentInfo
+from ..placement.metadata import ComponentInfo, describe_component
 from ..placement.resolve import plan as resolve_plan
 
 
-def make_plan(spec, inventory, objects: Dict[str, object] = None, strict: bool = False):
-    """Plan `spec`; `objects` ({component: ComfyUI object}) fills in sizes and marks which
-    components are loaded. auto_fit needs the planner of issue 3."""
-    infos = {comp: ComponentInfo(comp, object_bytes(obj), sources=(f"comfy:{type(obj).__name__}",))
-             for comp, obj in (objects or {}).items() if obj is not None}
-    if spec.auto_fit:
-        try:
-            from ..placement import fit  # noqa: F401
-        except ImportError:
-            raise PlacementError("auto_fit needs the auto-fit planner (issue 3), not built "
-                                 "yet; turn auto_fit off") from None
-    try:
-        return resolve_plan(spec, inventory, components=infos or None, strict=strict)
-    except ImportError:
-        # placement.metadata cannot describe components yet: plan without their sizes
-        return resolve_plan(spec, inventory, components=None, strict=strict)
+def make_plan(spec, inventory, objects: Optional[Dict[str, object]] = None,
+              strict: bool = False):
+    infos = {comp: describe_object(comp, obj) for comp, obj in (objects or {}).items()
+             if obj is not None}
+    return resolve_plan(spec, inventory, components=infos or None, strict=strict)
 
 
-def object_bytes(obj) -> int:
-    """Weight bytes of a ComfyUI object through its patcher (no weights are read)."""
+def torch_module(obj):
+    """The nn.Module holding a ComfyUI object's weights."""
     patcher = getattr(obj, "patcher", None) or getattr(obj, "control_model_wrapped", None)
-    if patcher is None and hasattr(obj, "model_size"):
-        patcher = obj
-    if patcher is not None and hasattr(patcher, "model_size"):
-        return int(patcher.model_size())
-    if hasattr(obj, "parameters"):
-        return sum(p.numel() * p.element_size() for p in obj.parameters())
-    return 0
+    if patcher is None and hasattr(obj, "model_size") and hasattr(obj, "model"):
+        patcher = obj                                   # MODEL is the patcher itself
+    module = getattr(patcher, "model", None) if patcher is not None else obj
+    # a diffusion BaseModel keeps the network (whose keys name the blocks) inside
+    return getattr(module, "diffusion_model", module)
+
+
+def describe_object(component: str, obj) -> ComponentInfo:
+    module = torch_module(obj)
+    label = f"comfy:{type(obj).__name__}"
+    try:
+        return describe_component(component, [module])
+    except PlacementError as exc:
+        return ComponentInfo(component, module_bytes(module), sources=(label,),
+                             warnings=(f"{component}: described by size only ({exc})",))
+
+
+def module_bytes(module) -> int:
+    if not hasattr(module, "parameters"):
+        return 0
+    return sum(p.numel() * p.element_size() for p in module.parameters())

@@ -11,6 +11,9 @@ class BlockInfo:
     nbytes: int
     group: str = ""
     index: int = 0
+    source: str = ""                    # the file path or 'module:ClassName' it came from
+    root: str = ""                      # key prefix of the component in that source
+                                        # ('model.diffusion_model.'); module path = root + name
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,10 @@ class ComponentInfo:
     headroom_bytes: Optional[int] = None  # compute working memory; None: the fixed reserve
     sources: Tuple[str, ...] = ()       # file paths or 'module:ClassName'
     warnings: Tuple[str, ...] = field(default_factory=tuple)
+    root: str = ""                      # key prefix stripped from block names (one source)
+    irregular_groups: Tuple[str, ...] = ()  # block groups whose blocks are not alike
+    headroom_basis: str = ""            # how headroom_bytes was reached, in words
+    tensor_count: int = 0
 
     @property
     def block_bytes(self) -> int:

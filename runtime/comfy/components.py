@@ -8,6 +8,7 @@ devices, and the device attributes each wrapper reads at run time.
 import copy
 from typing import List, Tuple
 
+import comfy.controlnet
 import comfy.model_management
 
 from ...placement.errors import PlacementError
@@ -57,20 +58,23 @@ def place_controlnet(control, target: Target, diffusion_runtime: str) -> Placed:
             f"controlnet on {target.runtime} while diffusion runs on {diffusion_runtime}: "
             f"moving activations between devices mid-step needs the split runtime (issue 5), "
             f"not built yet; put controlnet on {diffusion_runtime}")
-    placed = control.copy()
-    if hasattr(placed, "control_model_wrapped"):           # ControlNet and subclasses
-        if type(placed).__name__ == "ControlLora" and \
-                target.load_device != comfy.model_management.get_torch_device():
+    default = comfy.model_management.get_torch_device()
+    if isinstance(control, comfy.controlnet.ControlLora):
+        # Built at each sampling run on ComfyUI's default device and freed afterwards.
+        if target.load_device != default:
             raise PlacementError(
-                f"controlnet: ComfyUI's ControlLora always loads on its default device "
-                f"({comfy.model_management.get_torch_device()}); it cannot be placed on "
-                f"{target.runtime}")
+                f"controlnet: ComfyUI's ControlLora is always built on its default device "
+                f"({default}); it cannot run on {target.runtime}")
+        return control.copy(), [f"controlnet: ControlLora is built on {default} for each "
+                                f"run and freed after it (params follow ComfyUI)"]
+    placed = control.copy()
+    if isinstance(control, comfy.controlnet.ControlNet):     # and its subclasses
         placed.control_model_wrapped, notes = retarget(control.control_model_wrapped, target,
                                                        "controlnet")
         placed.control_model = placed.control_model_wrapped.model
         placed.load_device = target.load_device
         return placed, notes
-    if hasattr(placed, "t2i_model"):                        # T2IAdapter: no patcher
+    if isinstance(control, comfy.controlnet.T2IAdapter):     # no patcher
         if target.offload_device.type != "cpu":
             raise PlacementError(
                 f"controlnet (T2I adapter): ComfyUI moves its weights back to the cpu after "
@@ -78,7 +82,7 @@ def place_controlnet(control, target: Target, diffusion_runtime: str) -> Placed:
         placed.device = target.load_device
         return placed, []
     raise PlacementError(f"controlnet: unknown control type {type(control).__name__}; "
-                         f"supported: ControlNet, ControlLora, T2IAdapter")
+                         f"supported: ControlNet (and subclasses), ControlLora, T2IAdapter")
 
 
 def place_clip_vision(clip_vision, target: Target) -> Placed:

@@ -23,7 +23,8 @@ PLACERS = {
 }
 
 
-def place_objects(plan, inventory, objects: Dict[str, object]) -> Tuple[Dict[str, object], List[str]]:
+def place_objects(plan, inventory,
+                  objects: Dict[str, object]) -> Tuple[Dict[str, object], List[str]]:
     placed: Dict[str, object] = {}
     notes: List[str] = []
     for component, obj in objects.items():

@@ -1,0 +1,140 @@
+"""What does splitting one model over several devices cost, on the simulated devices?
+
+1. Layer split overhead: per-step time against one device plus the modelled hops,
+       ratio = split step time / (one-device compute + hop time)      (target <= 1.05)
+   where hop time is the modelled link time of every hop copy of the step
+   (latency + bytes / bandwidth each). Run with a fast link (PCIe 4 peer copies) and a
+   slow one (so the hops are a visible share of the step).
+2. Bytes moved per step for the same share of the model off the main device:
+   layer split (activations at range boundaries), row split (each sharded Linear's input
+   out and partial output back), and streaming that share's blocks onto one device.
+
+Every variant runs on its own copy of one model, placed on its own simulated devices,
+timed in alternating rounds (this machine is shared; interleaving keeps noise out of
+the ratios). Ratios use the fastest round of each variant (the least disturbed by
+other processes); the median-based ratio is printed beside it.
+
+    python benchmarks/split_overhead.py [--rounds 5] [--hidden 384] [--tokens 256]
+"""
+import argparse
+import copy
+import time
+
+import torch
+
+from _common import flux, inventory, med, plan
+from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan
+from comfyui_placement.runtime import find_blocks, place
+from comfyui_placement.runtime.simdevice import Link
+from comfyui_placement.runtime.split import place_split
+
+PCIE4 = Link(bandwidth=25e9, latency=10e-6)
+
+
+def split_plan(devices, mode, total=16 << 30):
+    return Plan([DevicePlan(d, "gpu", total, total, total) for d in devices],
+                {"diffusion": ComponentPlan("diffusion", list(devices), devices[0],
+                                            split_mode=mode)})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--double", type=int, default=4)
+    ap.add_argument("--single", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--slow-link-gbps", type=float, default=0.5,
+                    help="bandwidth of the slow modelled peer link, GB/s")
+    args = ap.parse_args()
+    model, inp = flux(args.hidden, args.hidden // 64, args.double, args.single, args.tokens)
+    slow = Link(bandwidth=args.slow_link_gbps * 1e9, latency=10e-6)
+    inv = inventory(",".join(f"cuda{i}=64GiB" for i in range(12)))
+
+    def run(m):
+        with torch.no_grad():
+            m(**inp)
+
+    blocks = [b for _, b in find_blocks(model)]
+    sizes = [sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks]
+
+    variants = []
+
+    def add(name, placer, *a, **k):
+        m = copy.deepcopy(model)
+        variants.append((name, m, placer(m, *a, **k)))
+
+    add("one device", place, plan("cuda0", device="cuda0"), "diffusion", inv)
+    add("layer x2", place_split, split_plan(["cuda1", "cuda2"], "layer"), "diffusion", inv,
+        hop_link=PCIE4)
+    add("layer x3", place_split, split_plan(["cuda3", "cuda4", "cuda5"], "layer"),
+        "diffusion", inv, hop_link=PCIE4)
+    add("layer x2 slow", place_split, split_plan(["cuda6", "cuda7"], "layer"), "diffusion",
+        inv, hop_link=slow)
+    add("row x2", place_split, split_plan(["cuda8", "cuda9"], "row"), "diffusion", inv,
+        hop_link=PCIE4)
+    times = {name: [] for name, _, _ in variants}
+    moved = {}
+    for _, _, placed in variants:
+        placed.__enter__()
+    # the share layer x2 puts on its second device, streamed onto one device instead
+    ranges = variants[1][2].stats()["ranges"]
+    k = ranges["cuda1"][1] + 1
+    add("stream share", place, plan("cpu", stream=(k, 1), device="cuda10"), "diffusion", inv,
+        link=PCIE4)
+    times["stream share"] = []
+    variants[-1][2].__enter__()
+    try:
+        for _, m, _ in variants:
+            run(m)                                  # warm up, learn the block order
+        for _ in range(args.rounds):
+            for name, m, placed in variants:
+                before = placed.stats()
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    run(m)
+                streamer = getattr(placed, "streamer", None)
+                if streamer is not None:
+                    streamer.drain()
+                times[name].append((time.perf_counter() - t0) / args.steps)
+                after = placed.stats()
+                h2d = sum(d["h2d_bytes"] for d in after["devices"].values()) - \
+                    sum(d["h2d_bytes"] for d in before["devices"].values())
+                moved[name] = dict(
+                    hop_bytes=(after["hop_bytes"] - before["hop_bytes"]) / args.steps,
+                    h2d_bytes=h2d / args.steps,
+                    hops=(after["hops"] - before["hops"]) / args.steps,
+                    hop_s=(after.get("hop_seconds_modelled", 0.0)
+                           - before.get("hop_seconds_modelled", 0.0)) / args.steps)
+    finally:
+        for _, _, placed in variants:
+            placed.__exit__(None, None, None)
+
+    compute = min(times["one device"])
+    compute_med = med(times["one device"])
+    print(f"model: Flux architecture, hidden {args.hidden}, {len(blocks)} blocks "
+          f"({sum(sizes) / 2**20:.1f} MiB), {args.tokens} image tokens; torch threads "
+          f"{torch.get_num_threads()}; {args.rounds} rounds x {args.steps} steps")
+    print(f"one device: {compute * 1e3:.1f} ms/step; layer x2 ranges {ranges}; peer link "
+          f"PCIe4 {PCIE4.bandwidth / 1e9:.0f} GB/s, slow {slow.bandwidth / 1e9:.2f} GB/s, "
+          f"10 us latency")
+    print(f"{'variant':>14} {'ms/step':>9} {'hops':>6} {'hop ms':>8} "
+          f"{'step/(c+hops)':>14} {'(median)':>9} {'hop MiB':>9} {'h2d MiB':>9} "
+          f"{'moved MiB':>10}")
+    for name, _, _ in variants:
+        t = min(times[name])
+        mv = moved[name]
+        ratio = t / (compute + mv["hop_s"])
+        ratio_med = med(times[name]) / (compute_med + mv["hop_s"])
+        print(f"{name:>14} {t * 1e3:>9.1f} {mv['hops']:>6.0f} {mv['hop_s'] * 1e3:>8.2f} "
+              f"{ratio:>14.3f} {ratio_med:>9.3f} {mv['hop_bytes'] / 2**20:>9.2f} "
+              f"{mv['h2d_bytes'] / 2**20:>9.2f} "
+              f"{(mv['hop_bytes'] + mv['h2d_bytes']) / 2**20:>10.2f}")
+    print("step/(c+hops): layer split target <= 1.05. 'moved' = bytes over links per step "
+          "(hops between devices + host-to-device copies); the streamed row moves the "
+          "same share of blocks that layer x2 keeps resident on its second device.")
+
+
+if __name__ == "__main__":
+    main()

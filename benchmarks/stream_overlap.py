@@ -1,0 +1,129 @@
+"""Does streaming hide the transfers? On the simulated device, with a link modelled so
+that one step's transfers take about as long as one step's compute:
+    ratio = streamed step time / max(compute, transfer)     (target <= 1.10, depth >= 1)
+depth 0 (synchronous) is printed beside it; it should be near compute + transfer.
+
+The variants run on copies of one model, each placed on its own simulated device, and
+are timed in alternating rounds (this machine is shared, so interleaving keeps noise
+out of the ratios). A round runs a few consecutive steps and includes waiting for the
+copies the last step started ahead (conservative).
+
+    python benchmarks/stream_overlap.py [--rounds 5] [--hidden 384]
+"""
+import argparse
+import copy
+import time
+
+import torch
+
+from _common import flux, inventory, med, plan
+from comfyui_placement.runtime import find_blocks, place
+from comfyui_placement.runtime.simdevice import Link, SimTransfer
+
+DEPTHS = (0, 1, 2, 4)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=3, help="consecutive steps per round")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--double", type=int, default=4)
+    ap.add_argument("--single", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--transfer-share", type=float, default=1.0,
+                    help="modelled transfer time as a share of compute time")
+    args = ap.parse_args()
+    model, inp = flux(args.hidden, args.hidden // 64, args.double, args.single, args.tokens)
+    inv = inventory(",".join(f"cuda{i}=16GiB" for i in range(len(DEPTHS) + 1)))
+
+    def run(m):
+        with torch.no_grad():
+            m(**inp)
+
+    blocks = [b for _, b in find_blocks(model)]
+    sizes = [sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks]
+    streamed = sum(sizes)
+
+    resident = place(model, plan("cuda0", device="cuda0"), "diffusion", inv)
+    with resident:                                  # calibrate the link on compute
+        run(model)
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            run(model)
+        compute0 = (time.perf_counter() - t0) / args.steps
+    link = Link(bandwidth=streamed / (compute0 * args.transfer_share), latency=20e-6)
+
+    def modelled(lk):
+        return sum(lk.seconds(n) for n in sizes)
+
+    tr = SimTransfer("probe", link)                 # the link alone, as really carried out
+    srcs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
+    dsts = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+    t0 = time.perf_counter()
+    tickets = [tr.submit(d, s) for d, s in zip(dsts, srcs)]
+    tr.wait(tickets[-1])
+    carried = (time.perf_counter() - t0) / modelled(link)   # memcpy on top of the model
+    tr.close()
+    del srcs, dsts
+
+    variants = [("resident", model, place(model, plan("cuda0", device="cuda0"), "diffusion",
+                                          inv))]
+    for i, depth in enumerate(DEPTHS, start=1):
+        m = copy.deepcopy(model)
+        variants.append((f"depth {depth}", m, place(m, plan("cpu", stream=(0, depth),
+                                                            device=f"cuda{i}"),
+                                                     "diffusion", inv, link=link)))
+    times = {name: [] for name, _, _ in variants}
+    ratios = {name: [] for name, _, _ in variants}
+    serial = {name: [] for name, _, _ in variants}
+    h2d = {}
+    for _, m, placed in variants:
+        placed.__enter__()
+    try:
+        for _, m, _ in variants:
+            run(m)                                  # warm up, learn the block order
+        for _ in range(args.rounds):
+            round_times = {}
+            for name, m, placed in variants:
+                before = placed.stats()["devices"]
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    run(m)
+                if placed.streamer is not None:
+                    placed.streamer.drain()
+                round_times[name] = (time.perf_counter() - t0) / args.steps
+                times[name].append(round_times[name])
+                after = placed.stats()["devices"]
+                dev = next(iter(after))
+                h2d[name] = (after[dev]["h2d_bytes"] - before[dev]["h2d_bytes"]) / args.steps
+                if name == "resident":            # the machine is shared: follow its speed
+                    link = Link(streamed / (round_times[name] * args.transfer_share), 20e-6)
+                    for _, _, p in variants[1:]:
+                        p.target.transfer.link = link
+                    transfer = modelled(link) * carried
+            for name in round_times:
+                c = round_times["resident"]
+                ratios[name].append(round_times[name] / max(c, transfer))
+                serial[name].append(round_times[name] / (c + transfer))
+    finally:
+        for _, _, placed in variants:
+            placed.__exit__(None, None, None)
+
+    compute = med(times["resident"])
+    print(f"model: Flux architecture, hidden {args.hidden}, {len(blocks)} blocks streamed "
+          f"(K=0), {args.tokens} image tokens, {streamed / 2**20:.1f} MiB per step; "
+          f"torch threads {torch.get_num_threads()}; {args.rounds} rounds x {args.steps} steps")
+    print(f"compute (all resident) {compute * 1e3:.1f} ms/step (median); the link is re-set "
+          f"each round so that transfer alone = compute of that round (x{carried:.3f} for "
+          f"the real memcpy); ratios are per round, median shown")
+    print(f"{'variant':>9} {'ms/step':>9} {'step/max(c,t)':>14} {'step/(c+t)':>11} "
+          f"{'h2d MiB/step':>13}")
+    for name, _, _ in variants:
+        t = med(times[name])
+        print(f"{name:>9} {t * 1e3:>9.1f} {med(ratios[name]):>14.3f} "
+              f"{med(serial[name]):>11.3f} {h2d[name] / 2**20:>13.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Auto-fit: the fastest placement of a whole model set that fits the devices' budgets.
+
+Pure and deterministic (no torch, no comfy). `fit()` keeps every explicit choice of
+the request and decides only what was left unset; the offload presets of SD.Next
+(seed 004) are restrictions of the same search. docs/autofit.md explains the passes,
+the cost model and the report.
+"""
+from dataclasses import dataclass, field
+from typing import Dict, Mapping, Optional, Tuple
+
+from .components import COMPONENTS
+from .errors import PlacementError
+from .fit_costs import CostModel, DEFAULT_DISK_BANDWIDTH, Workload
+from .fit_report import build_plan, explain_failure
+from .fit_search import Search, make_rules
+from .fit_shapes import Geometry, headroom_of
+from .units import GiB, MiB, format_bytes
+
+OFFLOAD_MODES = ("auto", "none", "model", "balanced", "sequential")
+
+
+@dataclass
+class FitOptions:
+    """Knobs of the planner; every default is documented in docs/autofit.md."""
+    offload_mode: str = "auto"           # auto | none | model | balanced | sequential
+    balanced_threshold: float = 0.75     # balanced: plan at most this share of each GPU
+    budget_margin: int = 512 * MiB       # a GPU without a budget gets free - margin
+    host_budget: Optional[int] = None    # bytes of host RAM for weights; None: free - margin
+    host_margin: int = 2 * GiB
+    prefetch_depth: int = 1              # streamed blocks in flight while one computes
+    steps: int = 20                      # sampling steps per generation
+    resolution: Tuple[int, int] = (1024, 1024)
+    frames: int = 1
+    batch: int = 1
+    throughput: Mapping[str, float] = field(default_factory=dict)   # FLOP/s by device or kind
+    bandwidth: Mapping[str, float] = field(default_factory=dict)    # host->device B/s, same keys
+    disk_bandwidth: float = DEFAULT_DISK_BANDWIDTH
+    peer_bandwidth: Optional[float] = None                          # GPU<->GPU B/s
+    headroom: Mapping[str, int] = field(default_factory=dict)       # component -> bytes
+    activation_bytes: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        mode = str(self.offload_mode or "auto").strip().lower()
+        if mode not in OFFLOAD_MODES:
+            raise PlacementError(f"invalid offload_mode {self.offload_mode!r}; expected one of "
+                                 f"{', '.join(OFFLOAD_MODES)}")
+        self.offload_mode = mode
+        if not 0 < float(self.balanced_threshold) <= 1:
+            raise PlacementError(f"invalid balanced_threshold {self.balanced_threshold!r}; "
+                                 f"expected a fraction in (0, 1]")
+        for name in ("budget_margin", "host_margin"):
+            if int(getattr(self, name)) < 0:
+                raise PlacementError(f"invalid {name} {getattr(self, name)!r}; expected bytes >= 0")
+        if self.host_budget is not None and int(self.host_budget) < 0:
+            raise PlacementError(f"invalid host_budget {self.host_budget!r}; expected bytes >= 0")
+        if not isinstance(self.prefetch_depth, int) or not 0 <= self.prefetch_depth <= 8:
+            raise PlacementError(f"invalid prefetch_depth {self.prefetch_depth!r}; expected "
+                                 f"an integer 0..8")
+        for name in ("steps", "frames", "batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise PlacementError(f"invalid {name} {value!r}; expected an integer >= 1")
+        try:
+            width, height = (int(v) for v in self.resolution)
+        except (TypeError, ValueError):
+            raise PlacementError(f"invalid resolution {self.resolution!r}; expected "
+                                 f"(width, height) in pixels") from None
+        if width < 8 or height < 8:
+            raise PlacementError(f"invalid resolution {self.resolution!r}; expected at least 8x8")
+        self.resolution = (width, height)
+        if not float(self.disk_bandwidth) > 0:
+            raise PlacementError(f"invalid disk_bandwidth {self.disk_bandwidth!r}; "
+                                 f"expected bytes/s > 0")
+        for comp in list(self.headroom) + list(self.activation_bytes):
+            if comp not in COMPONENTS:
+                raise PlacementError(f"unknown component {comp!r} in fit options; components "
+                                     f"are: {', '.join(COMPONENTS)}")
+
+
+def stream_prefix(info, budget_bytes: int, depth: int) -> Tuple[int, int, int]:
+    """The largest resident prefix K for streaming `info` on a device with `budget_bytes`:
+    K blocks + non-block weights + the prefetch ring (min(depth, streamed-1)+1 slots of
+    the largest streamed block) + working memory must fit. Returns (K, streamed bytes
+    per forward, resident bytes). K is 0 when not even the ring fits: the caller's
+    accounting then reports the overrun (explicit placements are not second-guessed)."""
+    geo = Geometry(info)
+    if geo.n == 0:
+        return 0, 0, geo.total
+    k = geo.best_prefix(int(budget_bytes) - geo.headroom, max(0, int(depth))) or 0
+    return k, geo.streamed_bytes(k), geo.non_block + geo.prefix[k]
+
+
+def device_budgets(request, inventory, options: FitOptions):
+    """Effective bytes per accelerator and for host RAM, with notes for the report."""
+    budgets, notes = {}, []
+    asked = getattr(request, "budgets", {}) or {}
+    for dev in inventory.accelerators():
+        given = asked.get(dev.name)
+        if given is None:
+            budget = max(0, dev.free_bytes - int(options.budget_margin))
+            how = f"free {format_bytes(dev.free_bytes)} - margin {format_bytes(options.budget_margin)}"
+        else:
+            budget = max(0, min(int(given), dev.free_bytes))
+            how = "max_vram"
+            if given > dev.free_bytes:
+                notes.append(f"{dev.name}: max_vram {format_bytes(given)} is more than its free "
+                             f"{format_bytes(dev.free_bytes)}; planning with the free memory")
+                how = "free memory (max_vram above it)"
+        if options.offload_mode == "balanced":
+            cap = int(dev.total_bytes * float(options.balanced_threshold))
+            if cap < budget:
+                budget = cap
+                how = f"balanced: {options.balanced_threshold:.0%} of {format_bytes(dev.total_bytes)}"
+        budgets[dev.name] = (budget, how)
+    cpu = inventory.get("cpu")
+    if options.host_budget is not None:
+        host = (int(options.host_budget), "host_budget")
+    elif asked.get("cpu") is not None:
+        host = (max(0, min(int(asked["cpu"]), cpu.free_bytes)), "max_vram cpu")
+    else:
+        host = (max(0, cpu.free_bytes - int(options.host_margin)),
+                f"free {format_bytes(cpu.free_bytes)} - margin {format_bytes(options.host_margin)}")
+    return budgets, host, notes
+
+
+def _unset_choice():
+    from types import SimpleNamespace
+    return SimpleNamespace(runtime=None, params=None, split_mode=None)
+
+
+def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOptions] = None):
+    """Plan `infos` ({component: ComponentInfo}) on `inventory`. `request` is
+    placement.resolve.Request (choices per component, budgets per device); whatever a
+    choice leaves None is decided here. Raises PlacementError when nothing fits."""
+    options = options or FitOptions()
+    for comp, info in infos.items():
+        if comp not in COMPONENTS or getattr(info, "component", comp) != comp:
+            raise PlacementError(f"auto-fit got component {comp!r} described as "
+                                 f"{getattr(info, 'component', None)!r}; components are: "
+                                 f"{', '.join(COMPONENTS)}")
+    budgets, host, notes = device_budgets(request, inventory, options)
+    gpus = [d.name for d in inventory.accelerators()]
+    model = CostModel(inventory.devices, options.throughput, options.bandwidth,
+                      options.disk_bandwidth, options.peer_bandwidth)
+    choices = getattr(request, "choices", {}) or {}
+    geos, work, rules = {}, {}, {}
+    for comp in COMPONENTS:
+        if comp not in infos:
+            continue
+        info = infos[comp]
+        geos[comp] = Geometry(info, options.headroom.get(comp))
+        work[comp] = Workload(info, options.resolution, options.frames, options.batch,
+                              options.steps, options.activation_bytes.get(comp))
+        choice = choices.get(comp) or _unset_choice()
+        _check_choice(comp, choice, inventory)
+        rules[comp] = make_rules(choice, geos[comp], options.offload_mode, gpus)
+    search = Search(geos, work, rules, gpus, {g: budgets[g][0] for g in gpus}, host[0], model,
+                    options.prefetch_depth)
+    best = search.run() if geos else ((0.0, 0, 0.0, 0), {}, [[0] * len(gpus)] * 4)
+    if best is None:
+        raise explain_failure(search, options, budgets, host)
+    return build_plan(search, best, request, inventory, infos, options, budgets, host, notes)
+
+
+def _check_choice(comp, choice, inventory) -> None:
+    names = set(inventory.names)
+    for name in list(choice.runtime or []) + ([choice.params] if choice.params not in
+                                               (None, "cpu", "disk") else []):
+        if name not in names:
+            raise PlacementError(f"{comp}: device {name!r} is not in the inventory; devices: "
+                                 f"{', '.join(inventory.names)}")
+    if choice.split_mode not in (None, "layer", "row"):
+        raise PlacementError(f"invalid split mode {choice.split_mode!r} for {comp}; expected "
+                             f"layer or row")
+
+
+__all__ = ["FitOptions", "fit", "stream_prefix", "device_budgets", "OFFLOAD_MODES",
+           "headroom_of"]

@@ -1,0 +1,300 @@
+"""Auto-fit results as a Plan people can read: a reason in words per decision, the
+predicted times and traffic, and a per-device table like llama.cpp's --fit; and, when
+nothing fits, one line saying by how much and what would make it fit."""
+from typing import Dict, List
+
+from .components import COMPONENTS, PHASES
+from .errors import PlacementError
+from .fit_search import PHASE_ORDER, Search
+from .plan import ComponentPlan, DevicePlan, Plan, StreamPlan
+from .units import format_bytes as fmt
+
+_ACTION = {"encode": "text encode", "sample": "sampling", "decode": "decode",
+           "upscale": "upscale"}
+
+
+def _ms(seconds: float) -> str:
+    if seconds >= 10:
+        return f"{seconds:.1f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1000:.1f} ms"
+
+
+def _room_without(search: Search, use, o, d: int) -> int:
+    """What device d offers `o`'s component in its phase, the others' use taken off."""
+    mine = o.persist.get(d, 0) + o.use.get(d, 0)
+    return search.budget[d] - (use[o.phase][d] - mine)
+
+
+def _per(o) -> str:
+    return "per step" if o.runs > 1 else "per forward"
+
+
+def reasons_for(search: Search, o, use, options) -> List[str]:
+    c, geo, rule = o.comp, search.geos[o.comp], search.rules[o.comp]
+    out = []
+    if rule.runtime is not None:
+        out.append(f"runtime {'&'.join(rule.runtime)} (asked)")
+    if rule.params is not None:
+        out.append(f"params {rule.params} (asked)")
+    size = f"{c} {fmt(geo.total)} + {fmt(geo.headroom)} working memory"
+    phase = _ACTION[PHASES[c]]
+    if o.kind == "resident":
+        d = search.gidx[o.runtime[0]]
+        room = _room_without(search, use, o, d)
+        if o.persistent:
+            out.append(f"{size} <= {o.runtime[0]} room {fmt(room)} -> resident on "
+                       f"{o.runtime[0]} for the session")
+        else:
+            out.append(f"{size} <= {o.runtime[0]} room {fmt(room)} while {phase} runs -> on "
+                       f"{o.runtime[0]} only then; params rest on {o.params}, "
+                       f"{fmt(o.loaded_bytes)} loaded per generation ({_ms(o.load_s)})"
+                       + _why_turns(search, use, o, d))
+    elif o.kind == "stream":
+        d = search.gidx[o.runtime[0]]
+        room = _room_without(search, use, o, d)
+        hidden = "hidden under" if o.transfer_s <= o.compute_s else "longer than"
+        fits = geo.total + geo.headroom <= room
+        if rule.prefix_zero:
+            head = f"{size}; offload_mode sequential streams every block"
+        elif fits:
+            head = (f"{size} fits {o.runtime[0]} room {fmt(room)}, but streaming overlaps its "
+                    f"load with compute")
+        else:
+            head = f"{size} > {o.runtime[0]} room {fmt(room)}"
+        out.append(f"{head} -> streamed on {o.runtime[0]}, "
+                   f"{o.resident_blocks} of {geo.n} blocks resident, {fmt(o.streamed_bytes)} "
+                   f"{_per(o)} streamed from {o.params} (prefetch depth {o.depth}: transfer "
+                   f"{_ms(o.transfer_s)} {hidden} compute {_ms(o.compute_s)})")
+    elif o.kind == "split":
+        most = max((_room_without(search, use, o, search.gidx[n]) for n in o.runtime), default=0)
+        where = "persistent" if o.persistent else f"while {phase} runs, params on {o.params}"
+        if o.ranges is not None:
+            parts = ", ".join(f"{n} blocks {a}-{b}" for n, (a, b) in zip(o.runtime, o.ranges))
+            out.append(f"{size} > most room on one GPU {fmt(most)} -> layer split over "
+                       f"{'&'.join(o.runtime)} in proportion to room ({parts}; "
+                       f"{o.runtime[0]} also holds the non-block weights), {where}; "
+                       f"{o.hops} hops {_per(o)} ({_ms(o.transfer_s)})")
+        else:
+            shares = ", ".join(f"{n} {fmt(o.persist.get(search.gidx[n], 0) or o.use.get(search.gidx[n], 0))}"
+                               for n in o.runtime)
+            out.append(f"row split over {'&'.join(o.runtime)} (split_mode row): every block's "
+                       f"matrices sliced in proportion to room ({shares}), {where}; "
+                       f"{_ms(o.transfer_s)} exchanges {_per(o)}")
+    else:
+        if rule.runtime == ["cpu"]:
+            out.append(f"runs on cpu as asked, {_ms(o.compute_s)} {_per(o)}")
+        else:
+            need = geo.total + geo.headroom
+            if geo.n >= 2:
+                need = min(need, geo.stream_weights(0, 0) + geo.headroom)
+            if not search.gpus:
+                out.append(f"no GPU in the inventory -> runs on cpu, {_ms(o.compute_s)} {_per(o)}")
+            else:
+                most = max(search.budget[d] - use[o.phase][d] for d in range(search.G))
+                out.append(f"{c} needs at least {fmt(need)} on a GPU, the most left beside the "
+                           f"rest is {fmt(most)} -> runs on cpu (last resort), "
+                           f"{_ms(o.compute_s)} {_per(o)}")
+    if o.source == "disk" and rule.params != "disk":
+        out.append(f"host RAM budget {fmt(search.host_budget)} cannot hold every offloaded "
+                   f"component -> params on disk, re-read each {phase} ({_ms(o.load_s)})")
+    if options.offload_mode != "auto":
+        out.append(f"offload_mode {options.offload_mode}")
+    return out
+
+
+def _why_turns(search: Search, use, o, d: int) -> str:
+    """Why a component that takes turns does not stay on its GPU for the session."""
+    geo = search.geos[o.comp]
+    for p, phase in enumerate(PHASE_ORDER):
+        if p == o.phase:
+            continue
+        if use[p][d] + geo.total > search.budget[d]:
+            return (f" (kept there it would leave {phase} {fmt(search.budget[d] - use[p][d])} "
+                    f"of the {fmt(geo.total)} it needs)")
+    if not search.rules[o.comp].persist_res:
+        return ""
+    return " (cheaper overall than keeping it there)"
+
+
+def build_plan(search: Search, best, request, inventory, infos, options, budgets, host, notes):
+    key, chosen, use = best
+    default = inventory.default_device().name
+    choices = getattr(request, "choices", {}) or {}
+    comps: Dict[str, ComponentPlan] = {}
+    for comp in COMPONENTS:
+        info = infos.get(comp)
+        o = chosen.get(comp)
+        if o is None:
+            choice = choices.get(comp)
+            runtime = list(choice.runtime) if choice is not None and choice.runtime else [default]
+            params = (choice.params if choice is not None else None) or runtime[0]
+            comps[comp] = ComponentPlan(comp, runtime, params,
+                                        (choice.split_mode if choice is not None else None)
+                                        or "layer", reasons=["not loaded: nothing to fit"])
+            continue
+        rule = search.rules[comp]
+        # an explicit device list is kept as written, even where a device got no block
+        runtime = list(rule.runtime) if rule.runtime and o.kind == "split" else list(o.runtime)
+        split_mode = getattr(choices.get(comp), "split_mode", None) or o.split_mode or "layer"
+        cp = ComponentPlan(comp, runtime, o.params, split_mode,
+                           present=True, total_bytes=search.geos[comp].total,
+                           resident_bytes=o.resident_bytes, streamed_bytes=o.streamed_bytes,
+                           reasons=reasons_for(search, o, use, options))
+        if o.kind == "stream":
+            cp.stream = StreamPlan(o.resident_blocks, o.depth)
+        if o.kind == "split" and o.ranges is not None:
+            cp.blocks = {n: [a, b] for n, (a, b) in zip(o.runtime, o.ranges)}
+        comps[comp] = cp
+
+    devices, table = [], []
+    host_peak = Search._host_peak(chosen) if chosen else 0
+    for dev in inventory.devices:
+        if dev.name in search.gidx:
+            d = search.gidx[dev.name]
+            per_phase = {p: use[i][d] for i, p in enumerate(PHASE_ORDER)}
+            budget, how = budgets[dev.name]
+            headroom = _headroom_at_peak(search, chosen, use, d)
+        else:
+            budget, how = host
+            per_phase = {p: 0 for p in PHASE_ORDER}
+            for o in chosen.values():
+                per_phase[PHASE_ORDER[o.phase]] += o.host_use
+            persist = sum(o.host_persist for o in chosen.values())
+            per_phase = {p: b + persist for p, b in per_phase.items()}
+            headroom = max((o.host_use for o in chosen.values() if o.kind == "cpu"), default=0)
+        planned = max(per_phase.values()) if per_phase else 0
+        devices.append(DevicePlan(dev.name, dev.kind, dev.total_bytes, dev.free_bytes, budget,
+                                  planned, dev.description))
+        table.append({"name": dev.name, "kind": dev.kind, "total_bytes": dev.total_bytes,
+                      "free_bytes": dev.free_bytes, "budget_bytes": budget, "budget_from": how,
+                      "planned_bytes": planned, "phases": per_phase,
+                      "headroom_bytes": headroom, "slack_bytes": budget - planned,
+                      "deficit_bytes": max(0, planned - budget)})
+    warnings = list(notes)
+    for comp, info in infos.items():
+        warnings += [f"{comp}: {w}" for w in getattr(info, "warnings", ())]
+    sample = [o for o in chosen.values() if PHASES[o.comp] == "sample"]
+    plan = Plan(devices, comps, warnings)
+    plan.extra["device_table"] = table
+    plan.extra["fit"] = {
+        "offload_mode": options.offload_mode,
+        "objective": "predicted seconds per generation (1 encode, steps x sample, 1 decode)",
+        "steps": options.steps, "resolution": list(options.resolution),
+        "frames": options.frames, "batch": options.batch,
+        "prefetch_depth": options.prefetch_depth,
+        "predicted": {
+            "generation_s": key[0],
+            "sample_step_s": sum(o.forward_s for o in sample),
+            "step_s": key[0] / options.steps,
+            "streamed_bytes_per_step": sum(o.streamed_bytes for o in sample),
+            "traffic_bytes_per_generation": key[3],
+            "hops_per_generation": key[1],
+            "host_bytes": host_peak,
+        },
+        "components": {c: {
+            "decision": o.kind, "persistent": o.persistent, "phase": PHASES[c],
+            "forward_s": o.forward_s, "compute_s": o.compute_s, "transfer_s": o.transfer_s,
+            "forwards": o.runs, "load_s": o.load_s, "loaded_bytes": o.loaded_bytes,
+            "hops": o.hops, "headroom_bytes": search.geos[c].headroom,
+            "held_bytes": {search.gpus[d]: b for d, b in
+                           sorted({**o.use, **{k: v + o.use.get(k, 0)
+                                               for k, v in o.persist.items()}}.items())},
+        } for c, o in sorted(chosen.items())},
+        "cost_model": search.model.describe(),
+        "search": {"leaves": search.leaves},
+    }
+    return plan
+
+
+def _headroom_at_peak(search, chosen, use, d) -> int:
+    """Working memory planned on device d in its busiest phase."""
+    peak = max(range(len(PHASE_ORDER)), key=lambda p: (use[p][d], -p))
+    return sum(search.geos[o.comp].headroom for o in chosen.values()
+               if o.phase == peak and d in o.use)
+
+
+def explain_failure(search: Search, options, budgets, host) -> PlacementError:
+    """One line: who does not fit, by how much, and what would make it fit."""
+    mode = options.offload_mode
+    hint = {"none": "use offload_mode auto (or balanced/sequential) to let it stream or take turns",
+            "model": "use offload_mode auto to stream what does not fit whole",
+            "sequential": "raise max_vram or free GPU memory",
+            "balanced": "raise balanced_threshold or use offload_mode auto",
+            "auto": "raise max_vram or free GPU memory, or leave the placement to auto-fit"}[mode]
+    lbs = getattr(search, "lbs", None) or search.lower_bounds()
+    most = max(search.budget, default=0)
+    for c in search.comps:
+        if lbs[c] != float("inf"):
+            continue
+        geo, rule = search.geos[c], search.rules[c]
+        need = geo.total + geo.headroom
+        how = "whole"
+        if rule.stream and geo.n >= 2:
+            k0 = geo.stream_weights(0, 0) + geo.headroom
+            if k0 < need:
+                need, how = k0, "streamed with no resident block"
+        if rule.float_split or rule.persist_split:
+            need_split = geo.total + 2 * geo.headroom
+            if need_split < need and len(search.budget) >= 2:
+                need, how = -(-need_split // 2), "split in two"
+        asked = ""
+        if rule.runtime is not None or rule.params is not None:
+            asked = (f" as asked (runtime {'&'.join(rule.runtime or ['auto'])}, "
+                     f"params {rule.params or 'auto'})")
+        if rule.runtime == ["cpu"] or (not search.gpus and rule.cpu):
+            return PlacementError(
+                f"auto-fit: {c} needs {fmt(geo.total + geo.headroom)} of host RAM to run on "
+                f"the cpu{asked} but the host budget is {fmt(search.host_budget)}; "
+                f"free host memory or raise host_budget")
+        return PlacementError(
+            f"auto-fit: {c} ({fmt(geo.total)}) fits nowhere under offload_mode {mode}{asked}: "
+            f"it needs at least {fmt(need)} on a GPU ({how}, working memory "
+            f"{fmt(geo.headroom)}) and the largest budget is {fmt(most)}, short by "
+            f"{fmt(max(0, need - most))}; {hint}")
+    extra = _shortfall(search)
+    if extra is not None:
+        return PlacementError(
+            f"auto-fit: the components fit one at a time but not together under offload_mode "
+            f"{mode}; it would fit with {fmt(extra)} more on every GPU; {hint}")
+    host_need = _host_shortfall(search)
+    if host_need is not None:
+        return PlacementError(
+            f"auto-fit: host RAM budget {fmt(search.host_budget)} cannot hold the weights that "
+            f"must rest there (short by {fmt(host_need)}); free host memory, raise "
+            f"host_budget, or leave params to auto-fit so they can rest on disk")
+    return PlacementError(f"auto-fit: no placement fits under offload_mode {mode}; {hint}")
+
+
+def _retry(search: Search, gpu_extra: int = 0, host_extra: int = 0) -> bool:
+    trial = Search(search.geos, search.work, search.rules, search.gpus,
+                   {g: b + gpu_extra for g, b in zip(search.gpus, search.budget)},
+                   search.host_budget + host_extra, search.model, search.depth)
+    return trial.run() is not None
+
+
+def _bisect(fits, high: int):
+    if not fits(high):
+        return None
+    low = 0
+    while high - low > (1 << 20):                 # to the MiB
+        mid = (low + high) // 2
+        if fits(mid):
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def _shortfall(search: Search):
+    if not search.gpus:
+        return None
+    high = sum(g.total + 2 * g.headroom for g in search.geos.values())
+    return _bisect(lambda x: _retry(search, gpu_extra=x), high)
+
+
+def _host_shortfall(search: Search):
+    high = sum(g.total + g.headroom for g in search.geos.values())
+    big = sum(g.total + 2 * g.headroom for g in search.geos.values())
+    return _bisect(lambda x: _retry(search, gpu_extra=big, host_extra=x), high)

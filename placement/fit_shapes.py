@@ -1,0 +1,143 @@
+"""Byte geometry of one component: what a placement of it holds on each device.
+
+A component is `non_block_bytes` (embeddings, final layers: always with the main
+device) plus blocks in execution order. Streaming keeps a resident prefix of K blocks
+and cycles the rest through `min(depth, streamed - 1) + 1` slots of the largest
+streamed block (the ring of runtime/stream.py: one computing, `depth` in flight).
+"""
+from bisect import bisect_left, bisect_right
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .fit_costs import FIXED_RESERVES
+from .units import MiB
+
+
+def headroom_of(info) -> int:
+    """Compute working memory: the metadata's estimate, else seed 003's fixed reserve."""
+    if info.headroom_bytes is not None:
+        return max(0, int(info.headroom_bytes))
+    return FIXED_RESERVES.get(info.component, 512 * MiB)
+
+
+class Geometry:
+    """Prefix sums and stream footprints of one component, computed once per fit."""
+    __slots__ = ("info", "comp", "total", "non_block", "sizes", "prefix", "n", "headroom",
+                 "_sufmax", "_need")
+
+    def __init__(self, info, headroom: Optional[int] = None):
+        self.info = info
+        self.comp = info.component
+        self.sizes = [max(0, int(b.nbytes)) for b in info.blocks]
+        self.n = len(self.sizes)
+        prefix = [0]
+        for s in self.sizes:
+            prefix.append(prefix[-1] + s)
+        self.prefix = prefix
+        # blocks may (wrongly) claim more than the total; never let non-block go negative
+        self.total = max(int(info.total_bytes), prefix[-1])
+        self.non_block = self.total - prefix[-1]
+        self.headroom = headroom_of(info) if headroom is None else int(headroom)
+        sufmax = [0] * (self.n + 1)
+        for k in range(self.n - 1, -1, -1):
+            sufmax[k] = max(self.sizes[k], sufmax[k + 1])
+        self._sufmax = sufmax
+        self._need: Dict[int, Tuple[List[int], List[int]]] = {}
+
+    @property
+    def largest_block(self) -> int:
+        return self._sufmax[0]
+
+    def window(self, k: int, depth: int) -> int:
+        """Bytes of the slot ring when blocks k.. are streamed with `depth` in flight."""
+        streamed = self.n - k
+        if streamed <= 0:
+            return 0
+        return (min(depth, streamed - 1) + 1) * self._sufmax[k]
+
+    def stream_weights(self, k: int, depth: int) -> int:
+        """Weight bytes on the device while streaming with prefix k: resident + slots."""
+        return self.non_block + self.prefix[k] + self.window(k, depth)
+
+    def best_prefix(self, room: int, depth: int) -> Optional[int]:
+        """Largest K < n whose stream footprint (weights, no headroom) fits `room`;
+        None when not even K = 0 fits. O(log n) after a one-off table per depth."""
+        table = self._need.get(depth)
+        if table is None:
+            need = [self.stream_weights(k, depth) for k in range(self.n)]
+            rmin = need[:]
+            for k in range(self.n - 2, -1, -1):
+                rmin[k] = min(rmin[k], rmin[k + 1])
+            table = self._need[depth] = (need, rmin)
+        rmin = table[1]
+        k = bisect_right(rmin, room) - 1
+        return k if k >= 0 else None
+
+    def streamed_bytes(self, k: int) -> int:
+        return self.prefix[self.n] - self.prefix[k]
+
+
+def layer_ranges(geo: Geometry, caps: Sequence[int]) -> Optional[List[Tuple[int, int]]]:
+    """Contiguous block ranges, one per device in order (index 0 is the main device and
+    also holds the non-block weights), each device's weights within its cap (bytes for
+    weights, headroom already taken off). Targets are proportional to the caps, so every
+    device fills to the same fraction; cuts move only as far as the caps force them.
+    Returns [(start, end_exclusive)] or None when no contiguous split fits.
+    (stable-diffusion.cpp's docs say proportional but its code fills device 0 first.)"""
+    n, prefix, k = geo.n, geo.prefix, len(caps)
+    caps = list(caps)
+    caps[0] -= geo.non_block
+    if n == 0 or k == 0 or caps[0] < 0:
+        return None
+    total_caps = sum(max(0, c) for c in caps) + geo.non_block
+    if prefix[n] + geo.non_block > total_caps:
+        return None
+    # lo[i]: the smallest block index where devices i.. can take all the rest (greedy
+    # from the back fills each as far as it goes, which maximises what fits behind).
+    lo = [n] * (k + 1)
+    for i in range(k - 1, -1, -1):
+        start = lo[i + 1]
+        # the smallest s with prefix[start] - prefix[s] <= caps[i]
+        lo[i] = bisect_left(prefix, prefix[start] - max(0, caps[i]), 0, start + 1)
+    if lo[0] > 0:
+        return None
+    fill = (prefix[n] + geo.non_block) / float(total_caps) if total_caps else 0.0
+    out, start, target = [], 0, -geo.non_block
+    for i in range(k):
+        target += max(0, caps[i] if i else caps[0] + geo.non_block) * fill
+        if i == k - 1:
+            end = n
+        else:
+            hi = bisect_right(prefix, prefix[start] + max(0, caps[i]), start, n + 1) - 1
+            low = max(lo[i + 1], start)
+            if low > hi:
+                return None
+            end = _nearest(prefix, target, low, hi)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def _nearest(prefix, target, low, high) -> int:
+    j = bisect_left(prefix, target, low, high + 1)
+    best = min((c for c in (j - 1, j) if low <= c <= high),
+               key=lambda c: (abs(prefix[c] - target), c), default=min(max(j, low), high))
+    return best
+
+
+def row_shares(geo: Geometry, caps: Sequence[int]) -> Optional[List[int]]:
+    """Row split: every block's matrices sliced across the devices in proportion to
+    their caps (the main device also keeps the non-block weights). Returns the block
+    bytes per device or None when the caps cannot hold them."""
+    free = [max(0, c) for c in caps]
+    free[0] -= geo.non_block
+    if free[0] < 0:
+        return None
+    blocks = geo.prefix[geo.n]
+    room = sum(free)
+    if room <= 0 or blocks > room:
+        return None
+    shares = [blocks * f // room for f in free]
+    shares[0] += blocks - sum(shares)           # rounding remainder to the main device
+    if shares[0] > free[0]:
+        return None
+    return shares

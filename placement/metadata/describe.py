@@ -1,0 +1,337 @@
+"""The public entry: what a model weighs, from a file path, an nn.Module or a
+ComponentInfo, as one ComponentInfo per component it holds. No weights are read."""
+import os
+import re
+from collections import Counter
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ..components import canonical_component
+from ..errors import PlacementError
+from ..units import format_bytes, parse_bytes
+from . import headroom as hr
+from .blocks import find_blocks
+from .info import BlockInfo, ComponentInfo
+from .module_info import is_module, read_module
+from .recognise import Part, recognise, split_checkpoint, te_sub_arch
+from .tensors import TensorInfo, activation_bytes
+
+SAFETENSORS_EXT = (".safetensors", ".sft")
+GGUF_EXT = (".gguf",)
+# Checkpoints carry schedules and EMA copies outside the component prefixes; only
+# something this large is worth a warning.
+LEFTOVER_NOTE_BYTES = 1 << 20
+Headroom = Union[None, int, str, Mapping[str, Union[int, str]]]
+
+
+def describe(source, component: Optional[str] = None, *, resolution=(1024, 1024),
+             frames: int = 1, batch: int = 1, headroom: Headroom = None) -> List[ComponentInfo]:
+    """One ComponentInfo per component in `source` (a checkpoint holds several).
+    `component` names what the caller expects (te=PATH): it picks that part of a
+    checkpoint and wins over the keys when they are ambiguous. `headroom` overrides the
+    estimate: bytes or '2GiB' for every component, or {component: bytes}."""
+    shape = latent_shape(resolution, frames, batch)
+    expected = canonical_component(component) if component is not None else None
+    if isinstance(source, ComponentInfo):
+        return [source]
+    tensors, label = read_source(source)
+    parts, leftover, tops = split_checkpoint(tensors)
+    if expected is not None and parts[0].component is not None:
+        held = [p.component for p in parts]
+        parts = [p for p in parts if p.component == expected]
+        if not parts:
+            raise PlacementError(f"{label} holds {', '.join(held)}; it has no {expected}")
+    paths = tuple(source) if isinstance(source, Shards) else (label,)
+    infos = [_describe_part(p, expected, label, shape, headroom, tops, paths) for p in parts]
+    nbytes = sum(t.nbytes for t in leftover)
+    if nbytes >= LEFTOVER_NOTE_BYTES and expected is None:
+        note = (f"{label}: {len(leftover)} tensors ({format_bytes(nbytes)}) outside the "
+                f"checkpoint's component prefixes ignored, e.g. {leftover[0].name!r}")
+        infos[0] = _with(infos[0], warnings=infos[0].warnings + (note,))
+    return infos
+
+
+def describe_component(component: str, sources, *, resolution=(1024, 1024), frames: int = 1,
+                       batch: int = 1, headroom: Headroom = None) -> ComponentInfo:
+    """One component from one or several sources (Flux's te: CLIP-L and T5-XXL files).
+    Several sources are merged: blocks concatenated in the order given, bytes summed,
+    headroom the largest (the encoders run one after another)."""
+    comp = canonical_component(component)
+    if isinstance(sources, (str, os.PathLike)) or not isinstance(sources, (list, tuple)):
+        sources = [sources]
+    if not sources:
+        raise PlacementError(f"no source given for {comp}; give a path, an nn.Module "
+                             f"or a ComponentInfo")
+    infos = []
+    for src in group_shards(sources):
+        found = describe(src, comp, resolution=resolution, frames=frames, batch=batch,
+                         headroom=headroom)
+        for info in found:
+            if info.component != comp:
+                raise PlacementError(f"a ComponentInfo for {info.component} was given as {comp}")
+        infos.extend(found)
+    return infos[0] if len(infos) == 1 else merge(comp, infos)
+
+
+def merge(component: str, infos: Sequence[ComponentInfo]) -> ComponentInfo:
+    archs: List[str] = []
+    for info in infos:
+        for a in info.arch.split("+"):
+            if a not in archs:
+                archs.append(a)
+    largest = max(infos, key=lambda i: i.total_bytes)
+    rooms = [i.headroom_bytes for i in infos if i.headroom_bytes is not None]
+    top = max(infos, key=lambda i: i.headroom_bytes or 0)
+    return ComponentInfo(
+        component=component, total_bytes=sum(i.total_bytes for i in infos),
+        blocks=tuple(b for i in infos for b in i.blocks), arch="+".join(archs),
+        dtype=largest.dtype, quant=largest.quant or next((i.quant for i in infos if i.quant), None),
+        headroom_bytes=max(rooms) if rooms else None,
+        sources=tuple(s for i in infos for s in i.sources),
+        warnings=tuple(w for i in infos for w in i.warnings),
+        irregular_groups=tuple(g for i in infos for g in i.irregular_groups),
+        headroom_basis=top.headroom_basis, tensor_count=sum(i.tensor_count for i in infos))
+
+
+# -- inputs ----------------------------------------------------------------------------
+def latent_shape(resolution, frames, batch) -> hr.LatentShape:
+    try:
+        width, height = (int(v) for v in resolution)
+        frames, batch = int(frames), int(batch)
+    except (TypeError, ValueError):
+        raise PlacementError(f"invalid resolution {resolution!r} / frames {frames!r} / batch "
+                             f"{batch!r}; expected (width, height) and whole numbers") from None
+    if width < 8 or height < 8 or frames < 1 or batch < 1 or max(width, height) > 1 << 20:
+        raise PlacementError(f"invalid latent shape {width}x{height}, {frames} frames, batch "
+                             f"{batch}; expected width and height 8..1048576, frames and batch >= 1")
+    return hr.LatentShape(width, height, frames, batch)
+
+
+class Shards(tuple):
+    """Paths of one sharded checkpoint ('model-00001-of-00003.safetensors', ...): read
+    as one file, so a block cut between two shards stays one block."""
+
+
+_SHARD = re.compile(r"^(.*)-(\d+)-of-(\d+)\.(safetensors|sft)$", re.I)
+
+
+def group_shards(sources) -> list:
+    """Collapse the shard files of one checkpoint into a Shards source, in place of
+    the first of them; every other source is kept as given."""
+    out, sets = [], {}
+    for src in sources:
+        m = _SHARD.match(os.fspath(src)) if isinstance(src, (str, os.PathLike)) else None
+        if m is None:
+            out.append(src)
+            continue
+        key = (m.group(1), m.group(3))
+        if key not in sets:
+            sets[key] = len(out)
+            out.append([])
+        out[sets[key]].append(os.fspath(src))
+    return [Shards(sorted(s)) if isinstance(s, list) else s for s in out]
+
+
+def read_source(source) -> Tuple[List[TensorInfo], str]:
+    if isinstance(source, Shards):
+        tensors = []
+        for path in source:
+            tensors.extend(read_source(path)[0])
+        label = source[0] if len(source) == 1 else f"{source[0]} (+{len(source) - 1} shards)"
+        return tensors, label
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        low = path.lower()
+        if low.endswith(SAFETENSORS_EXT):
+            from .safetensors_header import read_safetensors
+            return read_safetensors(path)[0], path
+        if low.endswith(GGUF_EXT):
+            from .gguf_file import read_gguf
+            return read_gguf(path)[0], path
+        raise PlacementError(f"cannot read {path!r}: expected a .safetensors, .sft or .gguf "
+                             f"file (pickle checkpoints are not read)")
+    if is_module(source):
+        return read_module(source), f"module:{type(source).__name__}"
+    raise PlacementError(f"cannot describe a {type(source).__name__}: expected a path, an "
+                         f"nn.Module or a ComponentInfo")
+
+
+def _override(headroom: Headroom, component: str) -> Optional[int]:
+    if headroom is None:
+        return None
+    if isinstance(headroom, Mapping):
+        value = None
+        for key, v in headroom.items():
+            if canonical_component(key) == component:
+                value = v
+        if value is None:
+            return None
+    else:
+        value = headroom
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise PlacementError(f"invalid headroom {value!r}; expected bytes or a size like '2GiB'")
+    n = parse_bytes(value, "headroom") if isinstance(value, str) else int(value)
+    if n < 0:
+        raise PlacementError(f"invalid headroom {value!r}; it cannot be negative")
+    return n
+
+
+# -- one component ---------------------------------------------------------------------
+def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.LatentShape,
+                   headroom: Headroom, tops=None, paths=None) -> ComponentInfo:
+    tensors = part.tensors
+    rec = recognise(tensors, expected or part.component, tops)
+    component = expected or part.component or rec.component
+    if component == "unknown":
+        raise PlacementError(f"{label}: cannot tell which component this is; name it, e.g. "
+                             f"diffusion={label}")
+    warnings: List[str] = []
+    # A ControlNet is often a copy of its diffusion model's layout: not a contradiction.
+    lookalike = expected == "controlnet" and rec.component == "diffusion"
+    if expected and rec.arch != "unknown" and rec.component not in (expected, "unknown") \
+            and not lookalike:
+        warnings.append(f"{label} looks like a {rec.component} ({rec.arch}); described as "
+                        f"{expected} as given")
+
+    scan = find_blocks(tensors, rec.family)
+    total = scan.total_bytes
+    dtype = max(scan.by_dtype, key=scan.by_dtype.get) if scan.by_dtype else ""
+    quant = max(scan.by_quant, key=scan.by_quant.get) if scan.by_quant else None
+    arch = rec.arch
+    dims = _Dims(tensors, scan)
+    if rec.family == "te":
+        subs = dims.text_encoders()
+        if subs:
+            arch = "+".join(dict.fromkeys(a for a, _, _ in subs))
+    if scan.blocks:
+        blocks = tuple(BlockInfo(b.name, b.nbytes, b.group, b.index, label, part.root)
+                       for b in scan.blocks)
+        if arch == "unknown":
+            groups = ", ".join(dict.fromkeys(b.group for b in scan.blocks))
+            warnings.append(f"{label}: architecture not recognised; blocks taken from the "
+                            f"known group names ({groups})")
+    else:
+        # The whole component as one block (name '': the component's root module).
+        blocks = (BlockInfo("", total, "", 0, label, part.root),) if total else ()
+        why = "architecture not recognised" if arch == "unknown" else f"no {arch} blocks found"
+        warnings.append(f"{label}: {why}; described as one block (no streaming or layer split)")
+
+    room = _override(headroom, component)
+    if room is not None:
+        basis = "given"
+    else:
+        room, basis = _estimate(component, arch, rec.family, dims, shape, activation_bytes(dtype))
+    return ComponentInfo(component=component, total_bytes=total, blocks=blocks, arch=arch,
+                         dtype=dtype, quant=quant, headroom_bytes=room,
+                         sources=paths or (label,),
+                         warnings=tuple(warnings), root=part.root,
+                         irregular_groups=tuple(scan.irregular), headroom_basis=basis,
+                         tensor_count=len(tensors))
+
+
+def _estimate(component, arch, family, dims: "_Dims", shape, act) -> Tuple[int, str]:
+    found = None
+    if component in ("diffusion", "controlnet") or family == "diffusion":
+        if arch in hr.UNETS or (arch == "controlnet" and dims.unet_channels()):
+            found = hr.unet(dims.unet_channels() or 320, shape, act)
+        elif arch in hr.DIT or arch == "controlnet":
+            hidden = dims.hidden()
+            if hidden:
+                found = hr.dit(arch, hidden, shape, act, px=dims.wan_px() if arch == "wan" else None)
+    elif family == "vae":
+        found = hr.vae(arch, dims.vae_channels(), shape, act)
+    elif family == "taesd_raw":
+        found = hr.vae("taesd", 64, shape, act)
+    elif family == "te":
+        found = hr.text(dims.text_encoders(), act)
+    elif family == "clip_vision":
+        hidden, ffn = dims.block_widths(dims.main_block())
+        if hidden:
+            found = hr.vision(hidden, ffn, act)
+    elif family == "upscaler" and arch != "unknown":
+        found = hr.upscaler(dims.upscale(), shape)
+    return found or hr.fallback(component)
+
+
+class _Dims:
+    """Widths read from tensor shapes, computed only when a formula asks."""
+
+    def __init__(self, tensors: Sequence[TensorInfo], scan):
+        self.tensors = tensors
+        self.scan = scan
+        self._names: Optional[Dict[str, TensorInfo]] = None
+        self._subs = None
+
+    @property
+    def names(self) -> Dict[str, TensorInfo]:
+        if self._names is None:
+            self._names = {t.name: t for t in self.tensors}
+        return self._names
+
+    def block_tensors(self, block_name: str) -> List[TensorInfo]:
+        prefix = block_name + "."
+        return [t for t in self.tensors if t.name.startswith(prefix)]
+
+    def main_block(self) -> Optional[str]:
+        counts = Counter(b.group for b in self.scan.blocks)
+        if not counts:
+            return None
+        group = counts.most_common(1)[0][0]
+        return next(b.name for b in self.scan.blocks if b.group == group)
+
+    def block_widths(self, block_name: Optional[str]) -> Tuple[int, int]:
+        """(hidden, ffn): the commonest input width of the block's matrices, and the
+        widest output."""
+        if block_name is None:
+            return 0, 0
+        mats = [t.shape for t in self.block_tensors(block_name) if len(t.shape) == 2]
+        if not mats:
+            return 0, 0
+        hidden = Counter(int(s[1]) for s in mats).most_common(1)[0][0]
+        return hidden, max(int(s[0]) for s in mats)
+
+    def hidden(self) -> int:
+        return self.block_widths(self.main_block())[0]
+
+    def unet_channels(self) -> int:
+        for key in ("input_blocks.0.0.weight", "conv_in.weight"):
+            t = self.names.get(key)
+            if t is not None and len(t.shape) == 4:
+                return int(t.shape[0])
+        return 0
+
+    def wan_px(self) -> int:
+        t = self.names.get("patch_embedding.weight")
+        # Wan 2.2 5B: 48 latent channels from a 16x VAE, patch 2 -> 32 px per token
+        return 32 if t is not None and len(t.shape) >= 2 and t.shape[1] == 48 else 16
+
+    def vae_channels(self) -> int:
+        t = self.names.get("decoder.conv_out.weight")
+        return int(t.shape[1]) if t is not None and len(t.shape) >= 2 else 128
+
+    def upscale(self) -> int:
+        ups = sum(1 for k in ("upconv1.weight", "upconv2.weight", "upconv3.weight",
+                              "conv_up1.weight", "conv_up2.weight", "conv_up3.weight")
+                  if k in self.names)
+        return 2 ** ups if ups else 4
+
+    def text_encoders(self) -> List[Tuple[str, int, int]]:
+        """(sub-arch, hidden, ffn) per encoder, in execution order."""
+        if self._subs is None:
+            firsts: Dict[str, str] = {}
+            for b in self.scan.blocks:
+                firsts.setdefault(b.group, b.name)
+            subs = []
+            for group, first in firsts.items():
+                tail = self.scan.groups[group]
+                hidden, ffn = self.block_widths(first)
+                root = group[: len(group) - len(tail)]
+                rel_each = (f"{root}encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight"
+                            in self.names or f"{root}enc.blk.1.attn_rel_b.weight" in self.names)
+                subs.append((te_sub_arch(tail, hidden, rel_each), hidden, ffn))
+            self._subs = subs
+        return self._subs
+
+
+def _with(info: ComponentInfo, **changes) -> ComponentInfo:
+    from dataclasses import replace
+    return replace(info, **changes)

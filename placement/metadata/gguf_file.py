@@ -1,0 +1,59 @@
+"""Read tensor sizes from a GGUF file through the `gguf` package (memory-mapped: the
+tensor table is parsed, the weights are never read). Quantized sizes are exact."""
+import os
+from typing import Dict, List, Tuple
+
+from ..errors import PlacementError
+from .tensors import TensorInfo
+
+PLAIN_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F64": "f64",
+               "I8": "i8", "I16": "i16", "I32": "i32", "I64": "i64"}
+# city96's ComfyUI-GGUF converter stores the torch shape of tensors it had to reshape.
+ORIG_SHAPE_KEY = "comfy.gguf.orig_shape."
+
+
+def read_gguf(path) -> Tuple[List[TensorInfo], Dict[str, str]]:
+    """(tensors, string metadata such as 'general.architecture')."""
+    name = os.fspath(path)
+    try:
+        import gguf   # lazy: importing placement must stay light
+    except ImportError:
+        raise PlacementError(f"{name}: reading GGUF needs the 'gguf' package "
+                             f"(pip install gguf)") from None
+    try:
+        reader = gguf.GGUFReader(name, "r")
+    except OSError as e:
+        raise PlacementError(f"cannot read {name}: {e.strerror or e}") from None
+    except Exception as e:  # the reader raises whatever numpy/struct raise on bad files
+        raise PlacementError(f"{name}: not a readable GGUF file "
+                             f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+                             ) from None
+    try:
+        meta = _string_fields(reader)
+        tensors = []
+        for t in reader.tensors:
+            qname = t.tensor_type.name
+            orig = reader.fields.get(ORIG_SHAPE_KEY + t.name)
+            if orig is not None:
+                shape = tuple(int(x) for x in orig.contents())
+            else:
+                shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+            plain = PLAIN_TYPES.get(qname)
+            tensors.append(TensorInfo(t.name, shape, plain or qname.lower(), int(t.n_bytes),
+                                      None if plain else qname))
+        return tensors, meta
+    except Exception as e:
+        raise PlacementError(f"{name}: bad GGUF tensor table ({type(e).__name__})") from None
+    finally:
+        del reader          # drops the memory map
+
+
+def _string_fields(reader) -> Dict[str, str]:
+    out = {}
+    for key, field in reader.fields.items():
+        if key.startswith("general.") and len(field.types) == 1:
+            try:
+                out[key] = str(field.contents())
+            except Exception:       # a malformed value is metadata we can live without
+                continue
+    return out

@@ -1,0 +1,395 @@
+"""place(): run a module under one component's plan, and restore it exactly after.
+
+    with place(module, plan, "diffusion", inventory) as placed:
+        out = module(x)
+    placed.stats()   # {"devices": {"cuda0": {"peak_bytes", "h2d_bytes", ...}}, "hops", "hop_bytes"}
+
+Modes, from the ComponentPlan:
+- params on the runtime device: every weight resident on it.
+- params cpu/disk, no stream: every weight copied to the device for the placement (the
+  phase) and dropped after, like stable-diffusion.cpp's offload.
+- params cpu/disk with stream: non-block weights and the first K blocks resident, the
+  rest streamed through a ring of prefetch_depth + 1 slots (runtime/stream.py).
+The module's tensors keep their identity: only `.data` is rebound, and put back on
+exit, also when the forward raised (a simulated out-of-memory, an interrupt).
+"""
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..placement.errors import PlacementError
+from .blocks import find_blocks
+from .residency import (DiskLayout, Group, PinnedPool, default_pinned_cap, file_order_key,
+                        open_weight_file, rebind)
+from .simdevice import Link
+from .stream import Source, Streamer
+from .target import open_target
+
+DISK_CHUNK = 64 * 1024 ** 2          # staging for one-time resident loads from disk
+
+
+def place(module: nn.Module, plan, component: str, inventory, **options) -> "Placed":
+    """Options: blocks (names in execution order), weights_file (path, for params=disk),
+    key_map (module tensor name -> file key, callable or dict), link (simdevice.Link for
+    simulated devices), max_pinned_bytes (cap on pinned host memory)."""
+    return Placed(module, plan, component, inventory, **options)
+
+
+def _seen_bytes(args, kwargs) -> int:
+    """Bytes of the tensors handed to a module: the activations the runtime can see."""
+    n = 0
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, torch.Tensor):
+            n += a.numel() * a.element_size()
+        elif isinstance(a, (tuple, list)):
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    n += x.numel() * x.element_size()
+    return n
+
+
+def _to_device(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device, non_blocking=True) if x.device != device else x
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to_device(v, device) for v in x)
+    return x
+
+
+class Placed:
+    def __init__(self, module: nn.Module, plan, component: str, inventory, *,
+                 blocks: Optional[Sequence] = None, weights_file: Optional[str] = None,
+                 key_map: Union[None, Dict[str, str], Callable[[str], str]] = None,
+                 link: Optional[Link] = None, max_pinned_bytes: Optional[int] = None):
+        self.module = module
+        self.component = component
+        self.cplan = self._component_plan(plan, component)
+        self.device = self._runtime_device(self.cplan, inventory)
+        self.budget = self._budget(plan, self.device.name)
+        self.block_names = None if blocks is None else [getattr(b, "name", b) for b in blocks]
+        self.weights_file = weights_file
+        if isinstance(key_map, dict):
+            mapping = dict(key_map)
+            self.key_map = lambda k: mapping.get(k, k)
+        else:
+            self.key_map = key_map or (lambda k: k)
+        self.link = link
+        self.max_pinned_bytes = max_pinned_bytes
+        self.target = None
+        self.streamer: Optional[Streamer] = None
+        self.file = None
+        self.loaded = False
+        self._handles: List = []
+        self._final_stats = None
+        self._info = {}
+
+    # -- plan checks -------------------------------------------------------------------
+    @staticmethod
+    def _component_plan(plan, component):
+        comp = plan.components.get(component)
+        if comp is None:
+            raise PlacementError(f"plan has no component {component!r}; it has: "
+                                 f"{', '.join(plan.components) or 'none'}")
+        if comp.is_split:
+            raise PlacementError(
+                f"{component}: runtime {'&'.join(comp.runtime)} is a split over several "
+                f"devices; the split runtime (issue 5) is not built yet, use one device")
+        if not comp.runtime:
+            raise PlacementError(f"{component}: plan gives no runtime device")
+        return comp
+
+    @staticmethod
+    def _runtime_device(comp, inventory):
+        return inventory.get(comp.runtime[0])
+
+    @staticmethod
+    def _budget(plan, name):
+        for d in plan.devices:
+            if d.name == name:
+                return d.budget_bytes
+        return None
+
+    def _mode(self) -> str:
+        c, dev = self.cplan, self.device
+        if c.params not in ("cpu", "disk") and c.params != dev.name:
+            raise PlacementError(f"{self.component}: params on {c.params} with runtime "
+                                 f"{dev.name} is not supported; params must be cpu, disk or "
+                                 f"the runtime device")
+        if c.stream is not None:
+            if c.params == "cpu" and dev.name == "cpu":
+                raise PlacementError(f"{self.component}: streaming asked for, but params "
+                                     f"and runtime are both cpu; nothing to stream")
+            if c.params == dev.name:
+                raise PlacementError(
+                    f"{self.component}: streaming asked for, but params rest on the runtime "
+                    f"device {dev.name}; streaming needs params=cpu or params=disk")
+            if c.stream.prefetch_depth < 0 or c.stream.resident_blocks < 0:
+                raise PlacementError(f"{self.component}: stream needs resident_blocks >= 0 "
+                                     f"and prefetch_depth >= 0")
+            return "stream"
+        if c.params == dev.name or (c.params == "cpu" and dev.name == "cpu"):
+            return "resident"
+        return "staged"
+
+    # -- context -------------------------------------------------------------------------
+    def __enter__(self) -> "Placed":
+        try:
+            self._prepare()
+            self._load()
+            self._attach()
+        except BaseException:
+            self._teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._teardown()
+        return False
+
+    def _prepare(self) -> None:
+        mode = self._mode()
+        self.mode = mode
+        self.target = open_target(self.device, self.budget, self.link)
+        if self.cplan.params == "disk":
+            if not self.weights_file:
+                raise PlacementError(f"{self.component}: params=disk needs the model file; "
+                                     f"pass weights_file=PATH (.safetensors or .gguf)")
+            self.file = open_weight_file(self.weights_file)
+
+        # every tensor once, with all its names (tied weights have several)
+        by_id: Dict[int, list] = {}
+        for name, t in list(self.module.named_parameters(remove_duplicate=False)) + \
+                list(self.module.named_buffers(remove_duplicate=False)):
+            by_id.setdefault(id(t), [t, []])[1].append(name)
+
+        block_list = []
+        if mode == "stream":
+            block_list = find_blocks(self.module, self.block_names)
+            if not block_list:
+                raise PlacementError(
+                    f"{self.component}: streaming asked for, but no repeated blocks were "
+                    f"found in {type(self.module).__name__}; pass blocks=[names]")
+        owner: Dict[int, int] = {}
+        for bi, (_, block) in enumerate(block_list):
+            for t in list(block.parameters()) + list(block.buffers()):
+                if owner.get(id(t), bi) != bi:
+                    owner[id(t)] = -1         # shared between blocks: keep it resident
+                else:
+                    owner[id(t)] = bi
+        members = [[] for _ in block_list]
+        rest_ids = []
+        for tid in by_id:
+            bi = owner.get(tid, -1)
+            (members[bi] if bi >= 0 else rest_ids).append(tid)
+
+        def make_group(name, ids):
+            tensors = [by_id[i][0] for i in ids]
+            names = [by_id[i][1] for i in ids]
+            key = file_order_key(tensors, names, self.file, self.key_map) if self.file else None
+            return Group(name, tensors, names, key)
+
+        nonblock = make_group("non-block", rest_ids) if rest_ids else None
+        block_groups = [make_group(n, m) for (n, _), m in zip(block_list, members) if m]
+        block_modules = [b for (_, b), m in zip(block_list, members) if m]
+        self.block_modules = block_modules
+
+        if mode == "stream":
+            k = min(self.cplan.stream.resident_blocks, len(block_groups))
+            resident = ([nonblock] if nonblock else []) + block_groups[:k]
+            streamed, streamed_modules = block_groups[k:], block_modules[k:]
+            depth = self.cplan.stream.prefetch_depth
+        else:
+            resident = [g for g in [nonblock] + block_groups if g]
+            streamed, streamed_modules, depth = [], [], 0
+        self.resident_groups = resident
+        self.streamed_groups = streamed
+
+        # resting copies: what each tensor goes back to (its own data, or for streamed
+        # cpu groups a view of the packed host buffer: the module's copy is let go)
+        self.originals = {id(t): (t, t.device) for t, _ in by_id.values()}
+        self.rest: Dict[int, torch.Tensor] = {id(t): t.data for t, _ in by_id.values()}
+        if any(d.is_meta for d in self.rest.values()) and self.cplan.params != "disk":
+            raise PlacementError(f"{self.component}: the module's weights are on the meta "
+                                 f"device; use params=disk with the model file")
+
+        self.pool = PinnedPool(self.target.is_cuda, self.max_pinned_bytes
+                               if self.max_pinned_bytes is not None else default_pinned_cap())
+        self.disk_layouts = {}
+        for g in resident:
+            if self.file is not None:
+                self.disk_layouts[id(g)] = DiskLayout(g, self.file, self.key_map, False)
+        sources = []
+        for g in streamed:
+            if self.file is not None:
+                layout = DiskLayout(g, self.file, self.key_map, True)
+                sources.append(Source(read=partial_read(self.file, layout.runs)))
+            else:
+                host = self.pool.alloc(g.nbytes)
+                g.pack(host, [self.rest[id(t)] for t in g.tensors])
+                g.bind(host)                  # the module's own copy is dropped here
+                for t, v in zip(g.tensors, g.views(host)):
+                    self.rest[id(t)] = v
+                sources.append(Source(host=host))
+        if streamed:
+            self.streamer = Streamer(self.target, streamed, streamed_modules, sources, depth,
+                                     staging=self.pool.alloc)
+        self._info = {
+            "mode": mode, "resident_blocks": len(block_groups) - len(streamed)
+            if mode == "stream" else len(block_groups),
+            "streamed_blocks": len(streamed), "prefetch_depth": depth,
+            "resident_weight_bytes": sum(g.nbytes for g in resident),
+            "streamed_bytes_per_forward": sum(g.nbytes for g in streamed),
+        }
+
+    # -- device memory -------------------------------------------------------------------
+    def _load(self) -> None:
+        if self.loaded:
+            return
+        allocated = []
+        try:
+            for g in self.resident_groups:
+                buf = self.target.alloc(g.nbytes, "resident", f"resident {g.name}")
+                allocated.append((g, buf))
+            if self.streamer is not None:
+                self.streamer.allocate()
+        except BaseException:
+            for g, _ in allocated:
+                self.target.free(g.nbytes, "resident")
+            if self.streamer is not None:
+                self.streamer.free()
+            raise
+        self.resident_bufs = allocated
+        for g, buf in allocated:
+            self._fill_resident(g, buf)
+            g.bind(buf)
+        self.loaded = True
+
+    def _fill_resident(self, g: Group, buf: torch.Tensor) -> None:
+        self.target.ledger.count_h2d(g.nbytes)
+        layout = self.disk_layouts.get(id(g))
+        if layout is None:
+            g.pack(buf, [self.rest[id(t)] for t in g.tensors])
+            return
+        views = g.views(buf)
+        for i in layout.from_module:
+            src = self.rest[id(g.tensors[i])]
+            if src.is_meta:
+                raise PlacementError(f"{self.component}: {g.names[i][0]!r} is not in the "
+                                     f"weights file and the module holds no value for it")
+            views[i].copy_(src)
+        if buf.device.type == "cpu":
+            self.file.read_runs(layout.runs, buf)
+            return
+        staging = self.pool.alloc(min(DISK_CHUNK, g.nbytes))
+        for f_off, b_off, n in layout.runs:
+            done = 0
+            while done < n:
+                m = min(staging.numel(), n - done)
+                self.file.read_runs([(f_off + done, 0, m)], staging)
+                buf[b_off + done:b_off + done + m].copy_(staging[:m])
+                done += m
+        torch.cuda.synchronize(buf.device)
+
+    def _unload(self) -> None:
+        """Give the device memory back; tensors point at their resting copies."""
+        if not self.loaded:
+            return
+        if self.streamer is not None:
+            self.streamer.free()
+        for g, _ in self.resident_bufs:
+            self.target.free(g.nbytes, "resident")
+        self.resident_bufs = []
+        for t, _ in self.originals.values():
+            rebind(t, self.rest[id(t)])
+        if self.target.is_cuda:
+            torch.cuda.synchronize(self.target.device)
+        self.loaded = False
+
+    def release(self) -> None:
+        """Drop resident blocks and slots from the device (before VAE decode, on unload);
+        the next forward loads them again."""
+        self._unload()
+
+    # -- hooks ---------------------------------------------------------------------------
+    def _attach(self) -> None:
+        m = self.module
+        self._handles.append(m.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+        self._handles.append(m.register_forward_hook(self._root_post))
+        for b in self.block_modules:
+            self._handles.append(b.register_forward_pre_hook(self._block_pre, with_kwargs=True))
+        if self.streamer is not None:
+            self.streamer.attach()
+
+    def _root_pre(self, module, args, kwargs):
+        self._load()
+        self._root_in = _seen_bytes(args, kwargs)
+        self.target.ledger.set_activations(self._root_in, "forward inputs")
+        if self.streamer is not None:
+            self.streamer.begin_forward()
+        if self.target.is_cuda:
+            dev = self.target.device
+            return _to_device(args, dev), {k: _to_device(v, dev) for k, v in kwargs.items()}
+        return None
+
+    def _block_pre(self, module, args, kwargs):
+        self.target.ledger.set_activations(self._root_in + _seen_bytes(args, kwargs),
+                                           "block activations")
+        return None
+
+    def _root_post(self, module, args, output):
+        if self.streamer is not None:
+            self.streamer.end_forward()
+        self.target.ledger.set_activations(0)
+        return None
+
+    # -- exit ----------------------------------------------------------------------------
+    def _teardown(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self.streamer is not None:
+            self.streamer.detach()
+        try:
+            if self.target is not None:
+                try:
+                    self._unload()
+                finally:
+                    self._final_stats = self._stats_now()
+                    self.target.close()
+        finally:
+            self._restore()
+            if self.file is not None:
+                self.file.close()
+            self.target = None
+
+    def _restore(self) -> None:
+        for t, device in getattr(self, "originals", {}).values():
+            rest = self.rest[id(t)]
+            if rest.device != device:
+                rest = rest.to(device)
+            rebind(t, rest)
+        self.originals = {}
+
+    # -- stats ---------------------------------------------------------------------------
+    def _stats_now(self) -> dict:
+        dev = self.target.ledger.stats()
+        out = {"devices": {self.target.name: dev}, "hops": 0, "hop_bytes": 0}
+        out.update(self._info)
+        out["pinned_bytes"] = self.pool.pinned_bytes if hasattr(self, "pool") else 0
+        if self.streamer is not None:
+            out["prefetched_ahead_bytes"] = self.streamer.primed_bytes
+        return out
+
+    def stats(self) -> dict:
+        if self.target is None:
+            if self._final_stats is None:
+                raise PlacementError("stats() before the placement was entered")
+            return self._final_stats
+        return self._stats_now()
+
+
+def partial_read(file, runs):
+    def read(buf: torch.Tensor) -> None:
+        file.read_runs(runs, buf)
+    return read

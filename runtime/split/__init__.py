@@ -1,0 +1,38 @@
+"""One component over several devices: layer split (block ranges per device, activations
+hop at range boundaries) and row split (large Linear weights sharded by output rows).
+
+`place_split(module, plan, component, inventory, **options)` is what place() runs for a
+plan whose runtime lists more than one device. See docs/split.md.
+"""
+from ...placement.errors import PlacementError
+from .layer import LayerSplit
+from .row import RowSplit, fallback_warning
+
+SPLIT_MODES = ("layer", "row")
+
+
+def place_split(module, plan, component: str, inventory, **options):
+    """Options: blocks (names in execution order), link (simulated host-to-device link),
+    hop_link (simulated device-to-device link), headroom_bytes (int, or {device: int}),
+    max_pinned_bytes, lora (row split: {linear name: [(up, down, scale)]})."""
+    comp = plan.components.get(component)
+    if comp is None:
+        raise PlacementError(f"plan has no component {component!r}; it has: "
+                             f"{', '.join(plan.components) or 'none'}")
+    if not comp.is_split:
+        raise PlacementError(f"{component}: runtime {'&'.join(comp.runtime)} is one device; "
+                             f"place_split needs a device list such as cuda0&cuda1")
+    if comp.split_mode not in SPLIT_MODES:
+        raise PlacementError(f"{component}: invalid split mode {comp.split_mode!r}; expected "
+                             f"layer or row")
+    if comp.split_mode == "row":
+        if comp.stream is not None:
+            raise PlacementError(f"{component}: row split does not stream; use split_mode="
+                                 f"layer with stream_layers, or turn streaming off")
+        if RowSplit.applies(module, options.get("blocks")):
+            return RowSplit(module, plan, component, inventory, **options)
+        fallback_warning(component, module)
+    return LayerSplit(module, plan, component, inventory, **options)
+
+
+__all__ = ["place_split", "LayerSplit", "RowSplit", "SPLIT_MODES"]

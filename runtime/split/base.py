@@ -1,0 +1,246 @@
+"""What layer and row split share: the plan checks, one Target (ledger + copy queue) per
+runtime device, tensor grouping, loading groups onto devices, exact restore, stats.
+
+The module's tensors keep their identity: only `.data` is rebound while placed, and
+the very tensors it held before are put back on exit (also when a forward raised).
+"""
+from typing import Dict, List, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ...placement.errors import PlacementError
+from ..residency import Group
+from ..simdevice import Link
+from ..target import open_target
+from .hops import DEFAULT_HOP_LINK
+from .moves import Mover
+
+
+def seen_bytes(args, kwargs) -> int:
+    n = 0
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            n += a.numel() * a.element_size()
+        elif isinstance(a, (tuple, list)):
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    n += x.numel() * x.element_size()
+    return n
+
+
+def module_tensors(module: nn.Module) -> Dict[int, list]:
+    """id -> [tensor, [names]]: every parameter and buffer once, with all its names."""
+    by_id: Dict[int, list] = {}
+    for name, t in list(module.named_parameters(remove_duplicate=False)) + \
+            list(module.named_buffers(remove_duplicate=False)):
+        by_id.setdefault(id(t), [t, []])[1].append(name)
+    return by_id
+
+
+def make_group(name: str, by_id: Dict[int, list], ids: Sequence[int]) -> Group:
+    return Group(name, [by_id[i][0] for i in ids], [by_id[i][1] for i in ids])
+
+
+def headroom_for(option: Union[None, int, Dict[str, int]], device: str) -> int:
+    if option is None:
+        return 0
+    if isinstance(option, dict):
+        return int(option.get(device, 0))
+    return int(option)
+
+
+class SplitBase:
+    mode = "split"
+
+    def __init__(self, module: nn.Module, plan, component: str, inventory, *,
+                 blocks: Optional[Sequence] = None, link: Optional[Link] = None,
+                 hop_link: Optional[Link] = None,
+                 headroom_bytes: Union[None, int, Dict[str, int]] = None,
+                 max_pinned_bytes: Optional[int] = None, weights_file: Optional[str] = None,
+                 key_map=None, lora=None):
+        self.module = module
+        self.component = component
+        self.cplan = plan.components[component]
+        self.runtime = list(self.cplan.runtime)
+        self.devices = [inventory.get(n) for n in self.runtime]
+        self.budgets = [self._budget(plan, n) for n in self.runtime]
+        self.block_names = None if blocks is None else [getattr(b, "name", b) for b in blocks]
+        self.link = link
+        self.hop_link = hop_link or DEFAULT_HOP_LINK
+        self.headroom_option = headroom_bytes
+        self.max_pinned_bytes = max_pinned_bytes
+        self.lora = lora
+        self.targets: List = []
+        self.originals: Dict[int, tuple] = {}
+        self.resident: List[List[Group]] = []     # per device: groups held for the placement
+        self.resident_bufs: List[tuple] = []
+        self.loaded = False
+        self.forwards = 0
+        self.hops = 0
+        self._handles: List = []
+        self._final_stats = None
+        self._check_params(weights_file)
+
+    @staticmethod
+    def _budget(plan, name: str) -> Optional[int]:
+        for d in plan.devices:
+            if d.name == name:
+                return d.budget_bytes
+        return None
+
+    def _check_params(self, weights_file) -> None:
+        c = self.cplan
+        if c.params == "disk" or weights_file is not None:
+            raise PlacementError(f"{self.component}: a split with params=disk is not supported "
+                                 f"yet; use params=cpu or the runtime devices")
+        if c.params != "cpu" and c.params not in self.runtime:
+            raise PlacementError(f"{self.component}: params on {c.params} with a split over "
+                                 f"{'&'.join(self.runtime)} is not supported; params must be "
+                                 f"cpu or one of the runtime devices")
+
+    # -- devices ----------------------------------------------------------------------------
+    def _open_targets(self) -> None:
+        for dev, budget in zip(self.devices, self.budgets):
+            self.targets.append(open_target(dev, budget, self.link))
+        self.headroom = [headroom_for(self.headroom_option, t.name) for t in self.targets]
+        self.mover = Mover(self.targets, self.hop_link)
+
+    def _capture(self) -> Dict[int, list]:
+        by_id = module_tensors(self.module)
+        self.originals = {i: (t, t.data) for i, (t, _) in by_id.items()}
+        if any(d.is_meta for _, d in self.originals.values()):
+            raise PlacementError(f"{self.component}: the module's weights are on the meta "
+                                 f"device; a split needs them in memory (params=cpu)")
+        return by_id
+
+    def share_weights(self, held_on_main: int) -> List[float]:
+        """Each device's room for its share: budget minus headroom, minus what the main
+        device holds besides (non-block weights)."""
+        out = []
+        for i, t in enumerate(self.targets):
+            room = t.ledger.capacity - self.headroom[i] - (held_on_main if i == 0 else 0)
+            out.append(float(max(0, room)))
+        if not any(out):
+            raise PlacementError(f"{self.component}: no room left on "
+                                 f"{'&'.join(self.runtime)} after headroom and the main "
+                                 f"device's non-block weights; raise the budgets")
+        return out
+
+    # -- memory -----------------------------------------------------------------------------
+    def _load(self) -> None:
+        if self.loaded:
+            return
+        allocated = []
+        try:
+            for d, groups in enumerate(self.resident):
+                for g in groups:
+                    buf = self.targets[d].alloc(g.nbytes, "resident", f"resident {g.name}")
+                    allocated.append((d, g, buf))
+            self._allocate_more()
+        except BaseException:
+            for d, g, _ in allocated:
+                self.targets[d].free(g.nbytes, "resident")
+            self._free_more()
+            raise
+        self.resident_bufs = allocated
+        for d, g, buf in allocated:
+            self.targets[d].ledger.count_h2d(g.nbytes)
+            g.pack(buf, [self._resting(t) for t in g.tensors])
+            g.bind(buf)
+        for t in self.targets:
+            if t.is_cuda:
+                torch.cuda.synchronize(t.device)
+        self.loaded = True
+
+    def _resting(self, t: torch.Tensor) -> torch.Tensor:
+        hit = self.originals.get(id(t))
+        return hit[1] if hit is not None else t.data
+
+    def _unload(self) -> None:
+        if not self.loaded:
+            return
+        self._free_more()
+        for d, g, _ in self.resident_bufs:
+            self.targets[d].free(g.nbytes, "resident")
+        self.resident_bufs = []
+        for t, data in self.originals.values():
+            t.data = data
+        for t in self.targets:
+            if t.is_cuda:
+                torch.cuda.synchronize(t.device)
+        self.loaded = False
+
+    def _allocate_more(self) -> None:
+        """Subclasses: device memory beyond the resident groups (stream slots)."""
+
+    def _free_more(self) -> None:
+        pass
+
+    def release(self) -> None:
+        """Give every device's memory back; the next forward loads again."""
+        self._unload()
+
+    # -- context ----------------------------------------------------------------------------
+    def __enter__(self):
+        try:
+            self._open_targets()
+            self._prepare()
+            self._load()
+            self._attach()
+        except BaseException:
+            self._teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._teardown()
+        return False
+
+    def _prepare(self) -> None:
+        raise NotImplementedError
+
+    def _attach(self) -> None:
+        raise NotImplementedError
+
+    def _detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _teardown(self) -> None:
+        self._detach()
+        try:
+            try:
+                self._unload()
+            finally:
+                if self.targets:
+                    self._final_stats = self._stats_now()
+                for t in self.targets:
+                    t.close()
+        finally:
+            for t, data in self.originals.values():
+                t.data = data
+            self.originals = {}
+            self.targets = []
+
+    # -- stats ------------------------------------------------------------------------------
+    def _stats_now(self) -> dict:
+        mover = getattr(self, "mover", None)
+        out = {"devices": {t.name: t.ledger.stats() for t in self.targets},
+               "hops": self.hops, "hop_bytes": mover.bytes if mover else 0,
+               "hop_copies": mover.copies if mover else 0,
+               "hop_seconds_modelled": mover.seconds if mover else 0.0,
+               "forwards": self.forwards, "split_mode": self.mode}
+        out.update(self._more_stats())
+        return out
+
+    def _more_stats(self) -> dict:
+        return {}
+
+    def stats(self) -> dict:
+        if not self.targets:
+            if self._final_stats is None:
+                raise PlacementError("stats() before the placement was entered")
+            return self._final_stats
+        return self._stats_now()

@@ -1,0 +1,230 @@
+"""Layer split: contiguous block ranges per device; activations hop at range boundaries.
+
+The main device (first in the runtime list) holds the non-block weights and runs the
+module's own code, so inputs and outputs live there. Ranges come from the plan
+(ComponentPlan.blocks) or, when it gives none, in proportion to each device's budget
+minus headroom (placement.ranges). A device whose range does not fit its budget keeps
+a prefix of its range resident and streams the rest through its own ring
+(runtime/stream.Streamer on that device's Target), when the plan asks for streaming.
+
+Per block the hot path is one pre-hook bound to precomputed values (device index,
+ledger, whether it enters a range): bring the arguments, note the activations.
+"""
+import warnings
+from functools import partial
+from typing import Dict, List
+
+import torch
+
+from ...placement.errors import PlacementError
+from ...placement.ranges import proportional_ranges
+from ...placement.units import format_bytes
+from ..blocks import find_blocks
+from ..residency import PinnedPool, default_pinned_cap
+from ..stream import Source, Streamer
+from .base import SplitBase, make_group, seen_bytes
+
+
+def ranges_to_owner(ranges: Dict[str, List[int]], names: List[str], n: int):
+    """{device: [first, last]} -> device index per block, or None when the ranges do not
+    cover 0..n-1 exactly once with devices of the runtime list."""
+    owner = [-1] * n
+    for dev, (first, last) in ranges.items():
+        if dev not in names or not 0 <= first <= last < n:
+            return None
+        for i in range(first, last + 1):
+            if owner[i] != -1:
+                return None
+            owner[i] = names.index(dev)
+    return None if -1 in owner else owner
+
+
+def streamed_split(sizes: List[int], room: int, depth: int):
+    """Largest resident prefix k of a range so that prefix + ring slots fit `room`.
+    Returns k, or None when not even an all-streamed range fits."""
+    for k in range(len(sizes), -1, -1):
+        rest = sizes[k:]
+        slots = (min(depth, len(rest) - 1) + 1) * max(rest) if rest else 0
+        if sum(sizes[:k]) + slots <= room:
+            return k
+    return None
+
+
+class LayerSplit(SplitBase):
+    mode = "layer"
+
+    def _prepare(self) -> None:
+        if self.lora is not None:
+            raise PlacementError(f"{self.component}: lora= is applied by row split; a layer "
+                                 f"split keeps blocks whole, patch the module as usual")
+        block_list = find_blocks(self.module, self.block_names)
+        if not block_list:
+            raise PlacementError(f"{self.component}: layer split needs repeated blocks, none "
+                                 f"found in {type(self.module).__name__}; pass blocks=[names]")
+        by_id = self._capture()
+        owner: Dict[int, int] = {}
+        for bi, (_, block) in enumerate(block_list):
+            for t in list(block.parameters()) + list(block.buffers()):
+                owner[id(t)] = bi if owner.get(id(t), bi) == bi else -1   # shared: non-block
+        members = [[] for _ in block_list]
+        rest = []
+        for tid in by_id:
+            bi = owner.get(tid, -1)
+            (members[bi] if bi >= 0 else rest).append(tid)
+        kept = [(n, b, m) for (n, b), m in zip(block_list, members) if m]
+        self.block_modules = [b for _, b, _ in kept]
+        groups = [make_group(n, by_id, m) for n, _, m in kept]
+        nonblock = make_group("non-block", by_id, rest) if rest else None
+        nonblock_bytes = nonblock.nbytes if nonblock else 0
+
+        self.owner = self._ranges(groups, nonblock_bytes)
+        n_dev = len(self.targets)
+        self.ranges = {}
+        for i, d in enumerate(self.owner):
+            name = self.runtime[d]
+            self.ranges.setdefault(name, [i, i])[1] = i
+
+        stream = self.cplan.stream
+        depth = max(0, stream.prefetch_depth) if stream is not None else 0
+        self.resident = [[] for _ in range(n_dev)]
+        if nonblock:
+            self.resident[0].append(nonblock)
+        self.streamers: List[Streamer] = []
+        self.streamed_blocks = {}
+        self.pool = PinnedPool(any(t.is_cuda for t in self.targets),
+                               self.max_pinned_bytes if self.max_pinned_bytes is not None
+                               else default_pinned_cap())
+        for d, t in enumerate(self.targets):
+            idx = [i for i, o in enumerate(self.owner) if o == d]
+            sizes = [groups[i].nbytes for i in idx]
+            room = t.ledger.capacity - self.headroom[d] - (nonblock_bytes if d == 0 else 0)
+            if not idx or sum(sizes) <= room:
+                self.resident[d] += [groups[i] for i in idx]
+                continue
+            where = (f"{t.name}'s blocks {idx[0]}-{idx[-1]} need {format_bytes(sum(sizes))}"
+                     f" but its budget leaves {format_bytes(max(0, room))}")
+            if stream is None:
+                raise PlacementError(f"{self.component}: {where}; turn on stream_layers or "
+                                     f"give {t.name} fewer blocks")
+            if self.cplan.params not in ("cpu",):
+                raise PlacementError(f"{self.component}: {where}; streaming part of the range "
+                                     f"needs params=cpu")
+            k = streamed_split(sizes, room, depth)
+            if k is None:
+                raise PlacementError(f"{self.component}: {where}, too little even to stream "
+                                     f"them ({depth + 1} slots of the largest block); raise "
+                                     f"its budget")
+            self.resident[d] += [groups[i] for i in idx[:k]]
+            streamed = idx[k:]
+            sources = []
+            for i in streamed:
+                host = self.pool.alloc(groups[i].nbytes)
+                groups[i].pack(host, [self._resting(x) for x in groups[i].tensors])
+                sources.append(Source(host=host))
+            self.streamers.append(Streamer(t, [groups[i] for i in streamed],
+                                           [self.block_modules[i] for i in streamed],
+                                           sources, depth, staging=self.pool.alloc))
+            self.streamed_blocks[t.name] = len(streamed)
+
+        # boundaries: main -> first range ... -> last range -> main
+        self.entry = [self.owner[i] != (self.owner[i - 1] if i else 0)
+                      for i in range(len(self.owner))]
+        self.exit_needed = self.owner[-1] != 0
+        self.boundaries = sum(self.entry) + int(self.exit_needed)
+
+    def _ranges(self, groups, nonblock_bytes: int) -> List[int]:
+        n = len(groups)
+        if self.cplan.blocks:
+            owner = ranges_to_owner(self.cplan.blocks, self.runtime, n)
+            if owner is not None:
+                return owner
+            warnings.warn(f"{self.component}: the plan's block ranges {self.cplan.blocks} do "
+                          f"not match the module's {n} blocks; ranges recomputed in "
+                          f"proportion to the budgets", RuntimeWarning, stacklevel=4)
+        weights = self.share_weights(nonblock_bytes)
+        ranges = proportional_ranges([g.nbytes for g in groups], self.runtime, weights)
+        return ranges_to_owner(ranges, self.runtime, n)
+
+    # -- memory beyond resident groups -------------------------------------------------
+    def _allocate_more(self) -> None:
+        for s in getattr(self, "streamers", []):
+            s.allocate()
+
+    def _free_more(self) -> None:
+        for s in getattr(self, "streamers", []):
+            if s.slots:
+                s.free()
+
+    # -- hooks --------------------------------------------------------------------------
+    def _attach(self) -> None:
+        m = self.module
+        self._handles.append(m.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+        self._handles.append(m.register_forward_hook(self._root_post))
+        last = len(self.block_modules) - 1
+        for i, (block, d) in enumerate(zip(self.block_modules, self.owner)):
+            ledger = self.targets[d].ledger
+            pre = partial(self._block_pre, d, self.entry[i], ledger)
+            self._handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+            if i == last and self.exit_needed:
+                self._handles.append(block.register_forward_hook(partial(self._block_exit, d)))
+            elif d != 0 and self.mover.simulated:
+                self._handles.append(block.register_forward_hook(partial(self._block_tag, d)))
+        for s in self.streamers:
+            s.attach()
+
+    def _detach(self) -> None:
+        super()._detach()
+        for s in getattr(self, "streamers", []):
+            s.detach()
+
+    def _root_pre(self, module, args, kwargs):
+        self._load()
+        self.mover.end_forward()              # a forward stopped midway left copies
+        self._root_in = seen_bytes(args, kwargs)
+        self.targets[0].ledger.set_activations(self._root_in, "forward inputs")
+        for s in self.streamers:
+            s.begin_forward()
+        if not self.mover.simulated:
+            return self.mover.bring(args, 0), self.mover.bring(kwargs, 0)
+        return None
+
+    def _block_pre(self, d, entry, ledger, module, args, kwargs):
+        mover = self.mover
+        copies, mover.served = mover.copies, 0
+        args, kwargs = mover.bring(args, d), mover.bring(kwargs, d)
+        if entry and mover.copies != copies:
+            self.hops += 1
+        base = mover.cache_bytes[d] - mover.served + (self._root_in if d == 0 else 0)
+        ledger.set_activations(base + seen_bytes(args, kwargs), "block activations")
+        return args, kwargs
+
+    def _block_tag(self, d, module, args, output):
+        self.mover.tag_outputs(output, d)
+        return None
+
+    def _block_exit(self, d, module, args, output):
+        if self.mover.simulated:
+            self.mover.tag_outputs(output, d)
+        copies = self.mover.copies
+        output = self.mover.bring(output, 0)
+        if self.mover.copies != copies:
+            self.hops += 1
+        return output
+
+    def _root_post(self, module, args, output):
+        for s in self.streamers:
+            s.end_forward()
+        for t in self.targets:
+            t.ledger.set_activations(0)
+        copies = self.mover.copies
+        output = self.mover.bring(output, 0)     # a tensor that skipped the exit hook
+        if self.mover.copies != copies:
+            self.hops += 1
+        self.mover.end_forward()
+        self.forwards += 1
+        return output
+
+    def _more_stats(self) -> dict:
+        return {"ranges": dict(getattr(self, "ranges", {})),
+                "boundaries": getattr(self, "boundaries", 0),
+                "streamed_blocks": dict(getattr(self, "streamed_blocks", {}))}

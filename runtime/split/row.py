@@ -1,0 +1,239 @@
+"""Row split: large Linear weights inside blocks sharded by output rows over the devices.
+
+Eligible: 2-D nn.Linear weights of at least 256x256 inside blocks (stable-diffusion.cpp's
+rule). Each is cut into contiguous row ranges, one per device, in proportion to the
+devices' room (budget minus headroom; the main device also holds everything else). A
+call sends the input to each device (once per input tensor: q/k/v projections of the
+same input share the copy), computes the partial output there and gathers the parts
+on the main device in row order (torch.cat on the last dimension). Everything else,
+and all non-Linear compute, runs on the main device.
+
+Runtime LoRA (`lora={linear name: [(up, down, scale), ...]}`): the delta up @ down is
+never materialised; each shard adds scale * (x @ down.T) @ up[rows].T, so a shard uses
+exactly its rows of the patch, and changing a strength never touches the weights.
+The Linear's `forward` is overridden on the instance for the placement only.
+"""
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...placement.errors import PlacementError
+from ..blocks import find_blocks
+from .base import SplitBase, make_group, seen_bytes
+
+MIN_ROWS = MIN_COLS = 256
+_MISSING = object()
+
+
+def eligible_linears(module: nn.Module, block_names=None) -> List[Tuple[str, nn.Linear]]:
+    out = []
+    for bname, block in find_blocks(module, block_names):
+        for name, m in block.named_modules():
+            if isinstance(m, nn.Linear) and m.weight.dim() == 2 \
+                    and m.weight.shape[0] >= MIN_ROWS and m.weight.shape[1] >= MIN_COLS:
+                out.append((f"{bname}.{name}", m))
+    return out
+
+
+def row_counts(rows: int, weights: Sequence[float]) -> List[int]:
+    """Rows per device in proportion to weights (largest remainder); weight 0 gets 0."""
+    total = sum(weights)
+    exact = [rows * w / total for w in weights]
+    counts = [int(e) for e in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[:rows - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+class _Shard:
+    __slots__ = ("device", "weight", "bias", "loras")
+
+    def __init__(self, device: int, weight, bias, loras):
+        self.device = device
+        self.weight = weight
+        self.bias = bias
+        self.loras = loras           # [(down, up_rows, scale)]
+
+
+class RowSplit(SplitBase):
+    mode = "row"
+
+    @classmethod
+    def applies(cls, module: nn.Module, block_names=None) -> bool:
+        return bool(eligible_linears(module, block_names))
+
+    def _prepare(self) -> None:
+        by_id = self._capture()
+        linears = eligible_linears(self.module, self.block_names)
+        lora = dict(self.lora or {})
+        named = dict(self.module.named_modules())
+        unknown = [k for k in lora if not isinstance(named.get(k), nn.Linear)]
+        if unknown:
+            raise PlacementError(f"{self.component}: lora names {unknown[0]!r}, which is not a "
+                                 f"Linear of the module; keys are Linear module names such as "
+                                 f"'transformer_blocks.0.attn.to_q'")
+        eligible_names = {n for n, _ in linears}
+        # LoRA on a Linear that is not sharded: one full-row "shard" on the main device
+        patched_only = [(n, named[n]) for n in lora if n not in eligible_names]
+
+        sharded_ids = set()
+        for _, lin in linears:
+            sharded_ids.add(id(lin.weight))
+            if lin.bias is not None:
+                sharded_ids.add(id(lin.bias))
+        rest = [i for i in by_id if i not in sharded_ids]
+        main = make_group("main", by_id, rest) if rest else None
+        weights = self.share_weights(main.nbytes if main else 0)
+
+        # the shard tensors: row slices of the resting weights, packed per device
+        self._pieces: List[List[torch.Tensor]] = [[] for _ in self.targets]
+        self._layout = []            # (linear, [(device, w_idx, b_idx, [(d_idx, u_idx, s)])])
+        for name, lin in linears:
+            counts = row_counts(lin.weight.shape[0], weights)
+            plan, r0 = [], 0
+            for d, c in enumerate(counts):
+                if c == 0:
+                    continue
+                rows = slice(r0, r0 + c)
+                r0 += c
+                w_i = self._piece(d, lin.weight.data[rows])
+                b_i = None if lin.bias is None else self._piece(d, lin.bias.data[rows])
+                loras = [(self._piece(d, down), self._piece(d, up[rows]), float(s))
+                         for up, down, s in self._check_lora(name, lin, lora.get(name, ()))]
+                plan.append((d, w_i, b_i, loras))
+            self._layout.append((lin, plan))
+        for name, lin in patched_only:
+            loras = [(self._piece(0, down), self._piece(0, up), float(s))
+                     for up, down, s in self._check_lora(name, lin, lora[name])]
+            self._layout.append((lin, [(0, None, None, loras)]))
+
+        from ..residency import Group
+        self.resident = [[] for _ in self.targets]
+        if main:
+            self.resident[0].append(main)
+        self._shard_groups = []
+        for d, pieces in enumerate(self._pieces):
+            if pieces:
+                g = Group(f"row shards on {self.targets[d].name}", pieces,
+                          [[f"piece{i}"] for i in range(len(pieces))])
+                self.resident[d].append(g)
+                self._shard_groups.append(g)
+        self.rows = {self.targets[d].name: sum(1 for _, p in self._layout for s in p
+                                               if s[0] == d) for d in range(len(self.targets))}
+        self.sharded = len(linears)
+
+    def _piece(self, d: int, t: torch.Tensor) -> int:
+        # a fresh tensor object: Group.bind rebinds it, never the module's own tensors;
+        # registered with the originals so unloading points it back at its resting rows
+        piece = t.detach()
+        self.originals[id(piece)] = (piece, piece.data)
+        self._pieces[d].append(piece)
+        return len(self._pieces[d]) - 1
+
+    def _check_lora(self, name, lin, entries):
+        out_f, in_f = lin.weight.shape
+        checked = []
+        for e in entries:
+            try:
+                up, down, scale = e
+            except (TypeError, ValueError):
+                raise PlacementError(f"{self.component}: lora entry for {name!r} must be "
+                                     f"(up, down, scale)") from None
+            if up.dim() != 2 or down.dim() != 2 or up.shape[0] != out_f or \
+                    down.shape[1] != in_f or up.shape[1] != down.shape[0]:
+                raise PlacementError(f"{self.component}: lora for {name!r} has up "
+                                     f"{tuple(up.shape)} and down {tuple(down.shape)}; "
+                                     f"expected up ({out_f}, r) and down (r, {in_f})")
+            checked.append((up.to(lin.weight.dtype), down.to(lin.weight.dtype), scale))
+        return checked
+
+    # -- hooks --------------------------------------------------------------------------
+    def _attach(self) -> None:
+        m = self.module
+        self._handles.append(m.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+        self._handles.append(m.register_forward_hook(self._root_post))
+        self._overrides = []
+        self._sent_caches = []
+        for lin, plan in self._layout:
+            shards = []
+            for d, w_i, b_i, loras in plan:
+                p = self._pieces[d]
+                w = lin.weight if w_i is None else p[w_i]
+                b = lin.bias if w_i is None else (None if b_i is None else p[b_i])
+                shards.append(_Shard(d, w, b, [(p[a], p[u], s) for a, u, s in loras]))
+            previous = lin.__dict__.get("forward", _MISSING)
+            self._overrides.append((lin, previous))
+            lin.forward = self._forward_fn(shards)
+
+    def _detach(self) -> None:
+        super()._detach()
+        for lin, previous in getattr(self, "_overrides", []):
+            if previous is _MISSING:
+                lin.__dict__.pop("forward", None)
+            else:
+                lin.forward = previous
+        self._overrides = []
+
+    def _forward_fn(self, shards: List[_Shard]):
+        mover = self.mover
+        ledgers = [t.ledger for t in self.targets]
+        last = [None, None]          # (input, {device: copy}): q/k/v share one send
+        self._sent_caches.append(last)
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if last[0] is not x:
+                last[0], last[1] = x, {}
+            sent = last[1]
+            outs = []
+            for s in shards:
+                d = s.device
+                if d == 0:
+                    xd = x
+                else:
+                    xd = sent.get(d)
+                    if xd is None:
+                        xd = sent[d] = mover.copy_to(x, d, 0)
+                        self.hops += 1
+                y = F.linear(xd, s.weight, s.bias)
+                for down, up, scale in s.loras:
+                    y = y + scale * F.linear(F.linear(xd, down), up)
+                if d != 0:
+                    ledgers[d].set_activations(xd.numel() * xd.element_size()
+                                               + y.numel() * y.element_size(), "row shard")
+                    y = mover.copy_to(y, 0, d)
+                    self.hops += 1
+                outs.append(y)
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        return forward
+
+    def _root_pre(self, module, args, kwargs):
+        self._load()
+        for last in self._sent_caches:
+            last[0] = last[1] = None
+        self.targets[0].ledger.set_activations(seen_bytes(args, kwargs), "forward inputs")
+        if not self.mover.simulated:
+            return self.mover.bring(args, 0), self.mover.bring(kwargs, 0)
+        return None
+
+    def _root_post(self, module, args, output):
+        for last in self._sent_caches:
+            last[0] = last[1] = None
+        for t in self.targets:
+            t.ledger.set_activations(0)
+        self.mover.end_forward()
+        self.forwards += 1
+        return None
+
+    def _more_stats(self) -> dict:
+        return {"sharded_linears": getattr(self, "sharded", 0),
+                "shards_per_device": dict(getattr(self, "rows", {}))}
+
+
+def fallback_warning(component: str, module: nn.Module) -> None:
+    warnings.warn(f"{component}: split_mode=row found no Linear weight of at least "
+                  f"{MIN_ROWS}x{MIN_COLS} inside the blocks of {type(module).__name__}; "
+                  f"using layer split instead", RuntimeWarning, stacklevel=3)

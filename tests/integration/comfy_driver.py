@@ -1,0 +1,567 @@
+"""Runs inside ComfyUI's own Python: a headless, in-process ComfyUI with this pack.
+
+Started by test_comfyui.py as `PYTHON comfy_driver.py --comfyui DIR --pack DIR --work DIR`.
+It builds tiny random models (a Flux-architecture diffusion model and a TAESD VAE),
+runs real API-format prompts through ComfyUI's validator and executor, records facts
+(what ran where, what the prompts returned, the state of the loaders' objects before
+and after) and prints them as one JSON object on the last line. It asserts nothing:
+the pytest side does.
+"""
+import argparse
+import asyncio
+import json
+import os
+import sys
+import traceback
+
+PACK_NODE_IDS = ("PlacementDevices", "PlacementBackendAssignment", "PlacementApply")
+WIDTH = HEIGHT = 64
+
+
+def parse_args():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--comfyui", required=True)
+    ap.add_argument("--pack", required=True)
+    ap.add_argument("--work", required=True)
+    return ap.parse_args()
+
+
+ARGS = parse_args()
+sys.path.insert(0, ARGS.comfyui)
+os.chdir(ARGS.comfyui)
+sys.argv = [sys.argv[0], "--cpu", "--disable-dynamic-vram", "--output-directory",
+            os.path.join(ARGS.work, "output"), "--temp-directory", os.path.join(ARGS.work, "tmp")]
+
+import comfy.options  # noqa: E402
+
+comfy.options.enable_args_parsing()
+
+import torch  # noqa: E402
+import safetensors.torch  # noqa: E402
+
+import folder_paths  # noqa: E402
+import comfy.model_management  # noqa: E402
+import comfy.ops  # noqa: E402
+import comfy.ldm.flux.model  # noqa: E402
+import comfy.taesd.taesd  # noqa: E402
+import execution  # noqa: E402
+import nodes  # noqa: E402
+import server  # noqa: E402
+
+RESULTS = {"errors": []}
+
+
+# -- tiny random models, saved where ComfyUI's loaders look --------------------------
+def build_models(work):
+    torch.manual_seed(0)
+    diffusion_dir = os.path.join(work, "models", "diffusion_models")
+    vae_dir = os.path.join(work, "models", "vae")
+    os.makedirs(diffusion_dir, exist_ok=True)
+    os.makedirs(vae_dir, exist_ok=True)
+    flux = comfy.ldm.flux.model.Flux(
+        operations=comfy.ops.disable_weight_init, dtype=torch.float32,
+        in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=32, hidden_size=128,
+        mlp_ratio=4.0, num_heads=1, depth=2, depth_single_blocks=2, axes_dim=[16, 56, 56],
+        theta=10000, patch_size=2, qkv_bias=True, guidance_embed=False, txt_ids_dims=[])
+    with torch.no_grad():
+        for p in flux.parameters():
+            p.normal_(0.0, 0.02)
+    safetensors.torch.save_file({k: v.contiguous() for k, v in flux.state_dict().items()},
+                                os.path.join(diffusion_dir, "tiny_flux.safetensors"))
+    taesd = comfy.taesd.taesd.TAESD(latent_channels=16)   # its convs skip init as well
+    with torch.no_grad():
+        for name, p in taesd.named_parameters():
+            if name in ("vae_scale", "vae_shift"):
+                continue
+            p.normal_(0.0, 0.05) if name.endswith("weight") else p.zero_()
+    safetensors.torch.save_file({k: v.contiguous() for k, v in taesd.state_dict().items()},
+                                os.path.join(vae_dir, "tiny_taesd.safetensors"))
+    folder_paths.add_model_folder_path("diffusion_models", diffusion_dir, is_default=True)
+    folder_paths.add_model_folder_path("vae", vae_dir, is_default=True)
+
+
+# -- test-only nodes (never shipped in the pack) -------------------------------------
+KEPT = {}
+SINK = {}
+
+
+class PlacementTestConditioning:
+    """Random CONDITIONING in place of a text encoder (there is no tiny one)."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seed": ("INT", {"default": 0})}}
+    RETURN_TYPES = ("CONDITIONING",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, seed):
+        g = torch.Generator().manual_seed(seed)
+        return ([[torch.randn(1, 8, 32, generator=g),
+                  {"pooled_output": torch.randn(1, 32, generator=g)}]],)
+
+
+class PlacementTestKeep:
+    """Keeps references to the loaders' MODEL and VAE and snapshots their state."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "vae": ("VAE",), "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, model, vae, tag):
+        KEPT[tag] = {"model": model, "vae": vae, "model_state": model_state(model),
+                     "vae_state": vae_state(vae)}
+        return {}
+
+
+class PlacementTestImageSink:
+    """Records the decoded image so prompts can be compared."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"images": ("IMAGE",), "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, images, tag):
+        SINK[tag] = images.detach().to("cpu", copy=True)
+        return {}
+
+
+TEST_NODES = {"PlacementTestConditioning": PlacementTestConditioning,
+              "PlacementTestKeep": PlacementTestKeep,
+              "PlacementTestImageSink": PlacementTestImageSink}
+
+
+# -- what we observe ------------------------------------------------------------------
+def patcher_state(p):
+    return {
+        "class": type(p).__name__, "load_device": str(p.load_device),
+        "offload_device": str(p.offload_device), "module_id": id(p.model),
+        "patches": sorted(p.patches), "patches_uuid": str(p.patches_uuid),
+        "object_patches": sorted(p.object_patches),
+        "wrappers": {k: {k1: len(v1) for k1, v1 in v.items()} for k, v in p.wrappers.items() if v},
+        "callbacks": {k: {k1: len(v1) for k1, v1 in v.items()} for k, v in p.callbacks.items() if v},
+        "model_options": repr(p.model_options), "attachments": sorted(p.attachments),
+        "additional_models": sorted(p.additional_models),
+        "force_cast_weights": p.force_cast_weights,
+    }
+
+
+def model_state(model):
+    return {"id": id(model), **patcher_state(model)}
+
+
+def vae_state(vae):
+    return {"id": id(vae), "device": str(vae.device), "output_device": str(vae.output_device),
+            "first_stage_model": id(vae.first_stage_model), "patcher_id": id(vae.patcher),
+            "patcher": patcher_state(vae.patcher)}
+
+
+class ForwardRecorder:
+    """Global forward pre-hook: parameter devices of the Flux and TAESD modules each
+    time they compute, and what ComfyUI's loader was asked to load."""
+    WATCH = ("Flux", "Decoder")
+
+    def __init__(self):
+        self.seen = []
+        self.loads = []
+        self._hook = None
+        self._orig_load = None
+
+    def __enter__(self):
+        def hook(module, args):
+            name = type(module).__name__
+            if name in self.WATCH:
+                devices = sorted({str(p.device) for p in module.parameters()})
+                inputs = sorted({str(a.device) for a in args if torch.is_tensor(a)})
+                self.seen.append({"module": name, "param_devices": devices,
+                                  "input_devices": inputs})
+        self._hook = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+        self._orig_load = comfy.model_management.load_models_gpu
+        recorder = self
+
+        def recording_load(models, *a, **kw):
+            for m in models:
+                recorder.loads.append({"module": type(m.model).__name__, "patcher_id": id(m),
+                                       "module_id": id(m.model),
+                                       "load_device": str(m.load_device),
+                                       "offload_device": str(m.offload_device)})
+            return recorder._orig_load(models, *a, **kw)
+        comfy.model_management.load_models_gpu = recording_load   # test instrumentation only
+        return self
+
+    def __exit__(self, *exc):
+        self._hook.remove()
+        comfy.model_management.load_models_gpu = self._orig_load
+
+    def summary(self):
+        out = {}
+        for s in self.seen:
+            entry = out.setdefault(s["module"], {"calls": 0, "param_devices": set(),
+                                                 "input_devices": set()})
+            entry["calls"] += 1
+            entry["param_devices"].update(s["param_devices"])
+            entry["input_devices"].update(s["input_devices"])
+        return {k: {"calls": v["calls"], "param_devices": sorted(v["param_devices"]),
+                    "input_devices": sorted(v["input_devices"])} for k, v in out.items()}
+
+
+# -- a headless ComfyUI ---------------------------------------------------------------
+class StubServer:
+    def __init__(self):
+        self.client_id = None
+        self.last_node_id = None
+        self.sockets_metadata = {}
+        self.messages = []
+
+    def send_sync(self, event, data, sid=None):
+        self.messages.append((event, data))
+
+    def queue_updated(self):
+        pass
+
+
+async def start_comfy(pack_dir, work):
+    server.PromptServer.instance = StubServer()
+    # Load only this pack, from a folder we control, whatever the checkout's custom_nodes hold.
+    custom = os.path.join(work, "custom_nodes")
+    os.makedirs(custom, exist_ok=True)
+    link = os.path.join(custom, "comfyui-placement")
+    if not os.path.lexists(link):
+        os.symlink(os.path.abspath(pack_dir), link)
+    folder_paths.folder_names_and_paths["custom_nodes"] = ([custom], set())
+    await nodes.init_extra_nodes(init_custom_nodes=True, init_api_nodes=False)
+    nodes.NODE_CLASS_MAPPINGS.update(TEST_NODES)
+
+
+def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run", keep=False,
+             **flags):
+    """UNETLoader + VAELoader -> [Backend Assignment -> Apply Placement] -> KSampler ->
+    VAEDecode -> sink, plus the keep node on the loaders' own outputs."""
+    model, vae = ["1", 0], ["2", 0]
+    prompt = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "tiny_flux.safetensors",
+                                                     "weight_dtype": "default"}},
+        "2": {"class_type": "VAELoader", "inputs": {"vae_name": "tiny_taesd.safetensors"}},
+        "3": {"class_type": "PlacementTestConditioning", "inputs": {"seed": 1}},
+        "4": {"class_type": "PlacementTestConditioning", "inputs": {"seed": 2}},
+        "5": {"class_type": "EmptySD3LatentImage",
+              "inputs": {"width": WIDTH, "height": HEIGHT, "batch_size": 1}},
+    }
+    if keep:
+        prompt["20"] = {"class_type": "PlacementTestKeep",
+                        "inputs": {"model": model, "vae": vae, "tag": tag}}
+    if placed:
+        inputs = {"backend": backend, "params_backend": params_backend, "max_vram": "",
+                  "split_mode": "", "stream_layers": False, "auto_fit": False,
+                  "offload_mode": "auto", "offload_to_cpu": False, "clip_on_cpu": False,
+                  "vae_on_cpu": False, "control_net_cpu": False, "strict": strict}
+        inputs.update(flags)
+        prompt["10"] = {"class_type": "PlacementBackendAssignment", "inputs": inputs}
+        prompt["11"] = {"class_type": "PlacementApply",
+                        "inputs": {"placement": ["10", 0], "model": model, "vae": vae}}
+        model, vae = ["11", 0], ["11", 2]
+    prompt["6"] = {"class_type": "KSampler", "inputs": {
+        "model": model, "seed": 3, "steps": 2, "cfg": 2.0, "sampler_name": "euler",
+        "scheduler": "simple", "positive": ["3", 0], "negative": ["4", 0],
+        "latent_image": ["5", 0], "denoise": 1.0}}
+    prompt["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": vae}}
+    prompt["8"] = {"class_type": "PlacementTestImageSink", "inputs": {"images": ["7", 0],
+                                                                      "tag": tag}}
+    return prompt
+
+
+def devices_prompt():
+    return {"1": {"class_type": "PlacementDevices", "inputs": {}}}
+
+
+async def validate(prompt, prompt_id):
+    ok, error, outputs, node_errors = await execution.validate_prompt(prompt_id, prompt, None)
+    return ok, error, outputs, node_errors
+
+
+async def run_prompt(executor, prompt, prompt_id):
+    """Validate and execute; returns a JSON-able record."""
+    ok, error, outputs, node_errors = await validate(prompt, prompt_id)
+    record = {"valid": bool(ok), "error": error, "node_errors": node_errors}
+    if not ok:
+        return record
+    server.PromptServer.instance.messages.clear()
+    await executor.execute_async(prompt, prompt_id, {}, outputs)
+    record["success"] = executor.success
+    record["ui"] = {k: v for k, v in (getattr(executor, "history_result", {}) or {})
+                    .get("outputs", {}).items()}
+    record["exec_errors"] = [d for e, d in executor.status_messages if e == "execution_error"]
+    for d in record["exec_errors"]:
+        d.pop("current_inputs", None)
+        d.pop("current_outputs", None)
+    return record
+
+
+def pack_module(suffix):
+    """The pack as ComfyUI imported it (its package name is the folder's path)."""
+    for name, mod in sys.modules.items():
+        if name.endswith("comfyui-placement." + suffix):
+            return mod
+    raise LookupError(f"pack module {suffix} not loaded")
+
+
+def adapter_facts(model, vae):
+    comps = pack_module("runtime.comfy.components")
+    targets = pack_module("runtime.comfy.targets")
+    placement = pack_module("placement")
+    facts = {}
+    model_before, vae_before = model_state(model), vae_state(vae)
+    cuda1, cpu = torch.device("cuda", 1), torch.device("cpu")
+    rest_cpu = targets.Target("diffusion", "cuda1", "cpu", cuda1, cpu)
+    resident = targets.Target("diffusion", "cuda1", "cuda1", cuda1, cuda1)
+    placed, notes = comps.place_model(model, rest_cpu)
+    facts["model_rest_cpu"] = {"state": patcher_state(placed), "notes": notes,
+                               "is_new": placed is not model}
+    placed, notes = comps.place_model(model, resident)
+    facts["model_resident"] = {"state": patcher_state(placed), "notes": notes}
+    vtarget = targets.Target("vae", "cuda1", "cpu", cuda1, cpu)
+    placed_vae, notes = comps.place_vae(vae, vtarget)
+    facts["vae"] = {"state": vae_state(placed_vae), "is_new": placed_vae is not vae,
+                    "patcher_is_new": placed_vae.patcher is not vae.patcher}
+    facts["original_unchanged"] = {"model": model_state(model) == model_before,
+                                   "vae": vae_state(vae) == vae_before}
+    refusals = {}
+    inv = placement.Inventory.simulated("cuda0=8GiB,cuda1=8GiB")
+    for label, spec in (("split", placement.PlacementSpec(backend="diffusion=cuda0&cuda1")),
+                        ("disk", placement.PlacementSpec(params_backend="diffusion=disk")),
+                        ("stream", placement.PlacementSpec(backend="cuda0", stream_layers=True)),
+                        ("simulated", placement.PlacementSpec(backend="cuda1"))):
+        plan = placement.plan(spec, inv)
+        try:
+            targets.target_for(plan, "diffusion", inv)
+            refusals[label] = None
+        except ValueError as exc:
+            refusals[label] = f"{type(exc).__name__}: {exc}"
+    facts["refusals"] = refusals
+    return facts
+
+
+class FakeDynamicPatcher:
+    """Stands in for a DynamicVRAM patcher (DynamicVRAM is off on a CPU-only machine):
+    records what the adapter asks of it."""
+    def __init__(self, factory=True, dynamic=True, load=torch.device("cuda", 0)):
+        self.factory, self.dynamic = factory, dynamic
+        self.load_device = load
+        self.offload_device = torch.device("cpu")
+        self.patches_uuid = "original"
+        self.model = torch.nn.Linear(2, 2)
+        self.registered = []
+
+    def is_dynamic(self):
+        return self.dynamic
+
+    def clone(self, disable_dynamic=False):
+        if disable_dynamic and not self.factory:
+            raise RuntimeError("Cannot create non-dynamic delegate: cached_patcher_init is "
+                               "not initialized.")
+        n = FakeDynamicPatcher(self.factory, self.dynamic and not disable_dynamic,
+                               self.load_device)
+        n.model = torch.nn.Linear(2, 2) if disable_dynamic else self.model
+        return n
+
+    def register_load_device(self, device):
+        self.registered.append(str(device))
+
+
+def adapter_type_facts():
+    """Each ComfyUI type the adapter places, on small real core objects where they are
+    cheap to build (CLIP, ControlNet, T2IAdapter) and stand-ins where they are not."""
+    import comfy.sd
+    import comfy.controlnet
+    import comfy.clip_vision
+    import comfy.model_patcher
+    comps = pack_module("runtime.comfy.components")
+    patchers = pack_module("runtime.comfy.patchers")
+    targets = pack_module("runtime.comfy.targets")
+    cpu, cuda1 = torch.device("cpu"), torch.device("cuda", 1)
+    T = targets.Target
+    facts = {}
+
+    def err(fn, *a):
+        try:
+            fn(*a)
+            return None
+        except ValueError as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    # CLIP
+    clip = comfy.sd.CLIP(no_init=True)
+    clip.cond_stage_model = torch.nn.Linear(4, 4)
+    clip.patcher = comfy.model_patcher.ModelPatcher(clip.cond_stage_model, cpu, cpu)
+    clip.tokenizer, clip.layer_idx, clip.tokenizer_options = None, None, {}
+    clip.use_clip_schedule, clip.apply_hooks_to_conds = False, None
+    before = patcher_state(clip.patcher)
+    placed, _ = comps.place_clip(clip, T("te", "cuda1", "cpu", cuda1, cpu))
+    facts["clip"] = {"new": placed is not clip and placed.patcher is not clip.patcher,
+                     "devices": [str(placed.patcher.load_device), str(placed.patcher.offload_device)],
+                     "shares_weights": placed.cond_stage_model is clip.cond_stage_model,
+                     "original_unchanged": patcher_state(clip.patcher) == before}
+    # CONTROL_NET (ControlNet with its own patcher; T2IAdapter without one)
+    cn = comfy.controlnet.ControlNet(torch.nn.Linear(4, 4), load_device=cpu)
+    before = patcher_state(cn.control_model_wrapped)
+    placed, _ = comps.place_controlnet(cn, T("controlnet", "cpu", "cpu", cpu, cpu), "cpu")
+    facts["controlnet"] = {
+        "new": placed is not cn and placed.control_model_wrapped is not cn.control_model_wrapped,
+        "devices": [str(placed.control_model_wrapped.load_device),
+                    str(placed.control_model_wrapped.offload_device), str(placed.load_device)],
+        "shares_weights": placed.control_model is cn.control_model,
+        "original_unchanged": patcher_state(cn.control_model_wrapped) == before,
+        "other_device_than_diffusion": err(comps.place_controlnet, cn,
+                                           T("controlnet", "cpu", "cpu", cpu, cpu), "cuda0")}
+    t2i = comfy.controlnet.T2IAdapter(torch.nn.Linear(4, 4), 3, 8, "nearest-exact", device=cpu)
+    placed, _ = comps.place_controlnet(t2i, T("controlnet", "cuda1", "cpu", cuda1, cpu), "cuda1")
+    facts["t2i"] = {"device": str(placed.device), "original_device": str(t2i.device),
+                    "resident_refused": err(comps.place_controlnet, t2i,
+                                            T("controlnet", "cuda1", "cuda1", cuda1, cuda1),
+                                            "cuda1")}
+    lora = comfy.controlnet.ControlLora({})
+    placed, notes = comps.place_controlnet(lora, T("controlnet", "cpu", "cpu", cpu, cpu), "cpu")
+    facts["control_lora"] = {"new": placed is not lora, "notes": notes,
+                             "elsewhere": err(comps.place_controlnet, lora,
+                                              T("controlnet", "cuda1", "cpu", cuda1, cpu),
+                                              "cuda1")}
+    # CLIP_VISION (a real ClipVisionModel needs a full CLIP-L config: built by hand here)
+    cv = object.__new__(comfy.clip_vision.ClipVisionModel)
+    cv.model = torch.nn.Linear(4, 4)
+    cv.load_device = cpu
+    cv.patcher = comfy.model_patcher.ModelPatcher(cv.model, cpu, cpu)
+    placed, _ = comps.place_clip_vision(cv, T("clip_vision", "cuda1", "cpu", cuda1, cpu))
+    facts["clip_vision"] = {"load_device": str(placed.load_device),
+                            "patcher": [str(placed.patcher.load_device),
+                                        str(placed.patcher.offload_device)],
+                            "original": [str(cv.load_device), str(cv.patcher.load_device)]}
+
+    # UPSCALE_MODEL (a spandrel descriptor carrying the patcher core's loader adds)
+    class Descriptor:
+        def __init__(self):
+            self.model = torch.nn.Conv2d(3, 3, 1)
+            self.patcher = comfy.model_patcher.ModelPatcher(self.model, cpu, cpu)
+    up = Descriptor()
+    placed, _ = comps.place_upscale_model(up, T("upscaler", "cuda1", "cpu", cuda1, cpu))
+    facts["upscaler"] = {"patcher": [str(placed.patcher.load_device),
+                                     str(placed.patcher.offload_device)],
+                         "original": str(up.patcher.load_device),
+                         "shares_weights": placed.model is up.model}
+    # PHOTOMAKER (core's encoder is CLIP-L sized: a module with its attribute stands in)
+    pm = torch.nn.Linear(4, 4)
+    pm.load_device = cpu
+    placed, _ = comps.place_photomaker(pm, T("photomaker", "cuda1", "cpu", cuda1, cpu))
+    facts["photomaker"] = {"load_device": str(placed.load_device),
+                           "original": str(pm.load_device),
+                           "shares_weights": placed.weight is pm.weight,
+                           "params_elsewhere": err(comps.place_photomaker, pm,
+                                                   T("photomaker", "cuda1", "cuda1", cuda1, cuda1))}
+    # DynamicVRAM branches
+    dyn = FakeDynamicPatcher()
+    out, notes = patchers.retarget(dyn, T("diffusion", "cpu", "cpu", cpu, cpu), "diffusion")
+    facts["dynamic_to_cpu"] = {"dynamic": out.is_dynamic(), "new_weights": out.model is not dyn.model,
+                               "notes": notes}
+    facts["dynamic_no_factory"] = err(patchers.retarget, FakeDynamicPatcher(factory=False),
+                                      T("diffusion", "cpu", "cpu", cpu, cpu), "diffusion")
+    out, notes = patchers.retarget(dyn, T("diffusion", "cuda1", "cuda1", cuda1, cuda1), "diffusion")
+    facts["dynamic_gpu"] = {"dynamic": out.is_dynamic(), "registered": out.registered,
+                            "shares_weights": out.model is dyn.model, "notes": notes,
+                            "original_load": str(dyn.load_device),
+                            "original_uuid": dyn.patches_uuid}
+    return facts
+
+
+def jsonable(x):
+    return json.loads(json.dumps(x, default=str))
+
+
+async def main():
+    work = ARGS.work
+    build_models(work)
+    await start_comfy(ARGS.pack, work)
+    RESULTS["comfyui_version"] = __import__("comfyui_version").__version__
+    RESULTS["registered"] = {n: n in nodes.NODE_CLASS_MAPPINGS for n in PACK_NODE_IDS}
+    RESULTS["display_names"] = {n: nodes.NODE_DISPLAY_NAME_MAPPINGS.get(n) for n in PACK_NODE_IDS}
+    RESULTS["web_dirs"] = {k: os.path.relpath(os.path.realpath(v), os.path.realpath(ARGS.pack))
+                           for k, v in nodes.EXTENSION_WEB_DIRS.items() if "placement" in k}
+    RESULTS["input_types"] = {n: {k: sorted(v) for k, v in
+                                  nodes.NODE_CLASS_MAPPINGS[n].INPUT_TYPES().items()
+                                  if isinstance(v, dict)}
+                              for n in PACK_NODE_IDS if n in nodes.NODE_CLASS_MAPPINGS}
+    RESULTS["dynamic_vram"] = bool(getattr(comfy.memory_management, "aimdo_enabled", False)) \
+        if hasattr(comfy, "memory_management") else None
+
+    executor = execution.PromptExecutor(server.PromptServer.instance,
+                                        cache_type=execution.CacheType.CLASSIC,
+                                        cache_args={"ram": 16.0, "ram_inactive": 16.0})
+
+    RESULTS["devices"] = await run_prompt(executor, devices_prompt(), "devices")
+
+    # 1. a reference run without placement (same seeds) and the loaders' objects before
+    RESULTS["reference"] = await run_prompt(executor, pipeline(placed=False, tag="reference", keep=True),
+                                            "reference")
+    # 2. the placed run: diffusion and VAE on chosen devices, params on cpu
+    with ForwardRecorder() as rec:
+        RESULTS["placed"] = await run_prompt(
+            executor, pipeline(backend="diffusion=cpu,vae=cpu", params_backend="*=cpu",
+                               tag="placed", keep=True), "placed")
+    RESULTS["placed_forward"] = rec.summary()
+    RESULTS["placed_loads"] = rec.loads
+    before, after = KEPT.get("reference"), KEPT.get("placed")
+    if before and after:
+        RESULTS["same_objects"] = {"model": before["model"] is after["model"],
+                                   "vae": before["vae"] is after["vae"]}
+        RESULTS["original_before"] = {"model": before["model_state"], "vae": before["vae_state"]}
+        RESULTS["original_after"] = {"model": model_state(before["model"]),
+                                     "vae": vae_state(before["vae"])}
+    if "reference" in SINK and "placed" in SINK:
+        ref, got = SINK["reference"], SINK["placed"]
+        RESULTS["image"] = {"shape": list(got.shape), "finite": bool(torch.isfinite(got).all()),
+                            "reference_finite": bool(torch.isfinite(ref).all()),
+                            "std": float(got.std()),
+                            "equal_to_reference": bool(torch.equal(ref, got)),
+                            "max_abs_diff": float((ref - got).abs().max())}
+
+    # 2b. the adapter on its own, for devices this machine lacks (nothing is loaded there)
+    if before:
+        RESULTS["adapter"] = adapter_facts(before["model"], before["vae"])
+    RESULTS["adapter_types"] = adapter_type_facts()
+
+    # 3. validation: a bad spec is a node error before anything runs
+    RESULTS["bad_spec"] = await run_prompt(executor, pipeline(backend="diffusion=disk",
+                                                              tag="bad"), "bad_spec")
+    RESULTS["bad_module"] = await run_prompt(executor, pipeline(backend="unet2=cpu",
+                                                                tag="bad2"), "bad_module")
+    # 4. a device this machine lacks: fallback with a warning, or an error when strict
+    RESULTS["missing_fallback"] = await run_prompt(
+        executor, pipeline(backend="diffusion=cuda7", tag="fallback"), "missing_fallback")
+    RESULTS["missing_strict"] = await run_prompt(
+        executor, pipeline(backend="diffusion=cuda7", strict=True, tag="strict"),
+        "missing_strict")
+    # 5. plans the adapter cannot execute yet are node errors naming the missing issue
+    RESULTS["disk_params"] = await run_prompt(
+        executor, pipeline(params_backend="diffusion=disk", tag="disk"), "disk_params")
+    # 5b. auto-fit decides what is unset, for the models connected to Apply Placement
+    RESULTS["auto_fit"] = await run_prompt(executor, pipeline(auto_fit=True, tag="fit"),
+                                           "auto_fit")
+    # 6. the diagnostic simulated inventory: planning works, executing on it is refused
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = "cuda0=1GiB,cuda1=512MiB"
+    try:
+        RESULTS["simulated_devices"] = await run_prompt(executor, devices_prompt(), "sim_dev")
+        RESULTS["simulated_apply"] = await run_prompt(
+            executor, pipeline(backend="diffusion=cuda1,vae=cpu", tag="sim"), "sim_apply")
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main())
+    except Exception:
+        RESULTS["errors"].append(traceback.format_exc())
+    print("PLACEMENT_RESULTS " + json.dumps(jsonable(RESULTS)))

@@ -1,0 +1,243 @@
+"""The pack inside a real ComfyUI (marked `comfyui`; skipped without COMFYUI_PATH).
+
+ComfyUI is not on PyPI, so this suite's Python has no `comfy`: comfy_driver.py runs
+one headless ComfyUI in a subprocess with ComfyUI's own Python (COMFYUI_PYTHON, else
+COMFYUI_PATH/venv or /tmp/comfyvenv), runs real prompts on tiny random models it
+builds, and reports what happened; the assertions are here.
+
+    COMFYUI_PATH=/path/to/ComfyUI [COMFYUI_PYTHON=/path/to/python] pytest -m comfyui
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH", "")
+PACK = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("comfy_driver.py")
+
+pytestmark = [
+    pytest.mark.comfyui,
+    pytest.mark.skipif(not COMFYUI_PATH, reason="COMFYUI_PATH is not set: no ComfyUI checkout "
+                       "to run the integration tests against"),
+]
+
+
+def comfy_python() -> str:
+    for candidate in (os.environ.get("COMFYUI_PYTHON"),
+                      os.path.join(COMFYUI_PATH, "venv", "bin", "python"),
+                      os.path.join(COMFYUI_PATH, ".venv", "bin", "python"),
+                      "/tmp/comfyvenv/bin/python"):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return sys.executable
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    work = tmp_path_factory.mktemp("comfy")
+    proc = subprocess.run(
+        [comfy_python(), str(DRIVER), "--comfyui", COMFYUI_PATH, "--pack", str(PACK),
+         "--work", str(work)],
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COMFYUI_PLACEMENT_SIMULATE": ""})
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("PLACEMENT_RESULTS ")]
+    assert lines, f"driver printed no results (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    data = json.loads(lines[-1][len("PLACEMENT_RESULTS "):])
+    assert not data["errors"], "\n".join(data["errors"]) + proc.stderr[-3000:]
+    print(f"ComfyUI {data['comfyui_version']}")
+    return data
+
+
+def node_error_text(record, node_id="10"):
+    return " ".join(e["details"] for e in record["node_errors"].get(node_id, {}).get("errors", []))
+
+
+def exec_error_text(record):
+    return " ".join(e["exception_message"] for e in record.get("exec_errors", []))
+
+
+def ui_text(record, node_id):
+    return "\n".join(record["ui"][node_id]["text"])
+
+
+def test_nodes_registered(results):
+    assert results["registered"] == {"PlacementDevices": True,
+                                     "PlacementBackendAssignment": True,
+                                     "PlacementApply": True}
+    assert results["display_names"] == {"PlacementDevices": "Placement Devices",
+                                        "PlacementBackendAssignment": "Backend Assignment",
+                                        "PlacementApply": "Apply Placement"}
+
+
+def test_node_inputs_and_web_directory(results):
+    assert list(results["web_dirs"].values()) == ["web"]
+    apply_inputs = results["input_types"]["PlacementApply"]
+    assert apply_inputs["required"] == ["placement"]
+    assert apply_inputs["optional"] == sorted(["model", "clip", "vae", "control_net",
+                                               "clip_vision", "upscale_model", "photomaker"])
+    assert set(results["input_types"]["PlacementBackendAssignment"]["required"]) == {
+        "backend", "params_backend", "max_vram", "split_mode", "stream_layers", "auto_fit",
+        "offload_mode", "offload_to_cpu", "clip_on_cpu", "vae_on_cpu", "control_net_cpu",
+        "strict"}
+
+
+def test_devices_node_shows_inventory(results):
+    rec = results["devices"]
+    assert rec["success"], rec
+    text = ui_text(rec, "1")
+    assert text.startswith("detected")
+    assert "\ncpu\t" in text
+
+
+def test_placed_workflow_runs_where_planned(results):
+    rec = results["placed"]
+    assert rec["valid"] and rec["success"], rec
+    # ComfyUI loaded placed copies (not the loaders' patchers) with the plan's devices,
+    # sharing the loaders' weights rather than copying them.
+    original = results["original_before"]
+    loads = {l["module"]: l for l in results["placed_loads"]}
+    assert set(loads) == {"Flux", "TAESD"}
+    flux, taesd = loads["Flux"], loads["TAESD"]
+    assert flux["patcher_id"] != original["model"]["id"]
+    assert flux["module_id"] == original["model"]["module_id"]
+    assert taesd["patcher_id"] != original["vae"]["patcher_id"]
+    assert taesd["module_id"] == original["vae"]["first_stage_model"]
+    assert (flux["load_device"], flux["offload_device"]) == ("cpu", "cpu")
+    assert (taesd["load_device"], taesd["offload_device"]) == ("cpu", "cpu")
+    # Where the weights and inputs actually were while sampling and decoding.
+    fwd = results["placed_forward"]
+    assert fwd["Flux"]["calls"] >= 2 and fwd["Flux"]["param_devices"] == ["cpu"]
+    assert fwd["Flux"]["input_devices"] == ["cpu"]
+    assert fwd["Decoder"]["calls"] >= 1 and fwd["Decoder"]["param_devices"] == ["cpu"]
+    # The plan is shown in both nodes, and Apply says what it did.
+    shown = ui_text(rec, "11")
+    assert "diffusion: runs on cpu" in shown and "vae: runs on cpu" in shown
+    # the connected models are described from their modules (sizes in the plan)
+    assert "diffusion (not loaded)" not in shown and "vae (not loaded)" not in shown
+    assert "placement plan" in ui_text(rec, "10")
+
+
+def test_placement_does_not_change_the_image(results):
+    image = results["image"]
+    assert image["shape"] == [1, 64, 64, 3] and image["finite"] and image["reference_finite"]
+    assert image["std"] > 0                     # a real picture, not a constant
+    assert image["equal_to_reference"], image
+
+
+def test_given_objects_unchanged(results):
+    assert results["same_objects"] == {"model": True, "vae": True}
+    assert results["original_after"] == results["original_before"]
+
+
+def test_adapter_places_copies_for_other_devices(results):
+    """Devices this machine lacks: the adapter's copies say cuda:1, nothing is loaded."""
+    facts = results["adapter"]
+    original = results["original_before"]
+    rest = facts["model_rest_cpu"]["state"]
+    assert facts["model_rest_cpu"]["is_new"]
+    assert (rest["load_device"], rest["offload_device"]) == ("cuda:1", "cpu")
+    assert rest["module_id"] == original["model"]["module_id"]
+    # a moved copy must make ComfyUI re-place the shared weights on load
+    assert rest["patches_uuid"] != original["model"]["patches_uuid"]
+    resident = facts["model_resident"]["state"]
+    assert (resident["load_device"], resident["offload_device"]) == ("cuda:1", "cuda:1")
+    vae = facts["vae"]
+    assert vae["is_new"] and vae["patcher_is_new"]
+    assert vae["state"]["device"] == "cuda:1"
+    assert (vae["state"]["patcher"]["load_device"],
+            vae["state"]["patcher"]["offload_device"]) == ("cuda:1", "cpu")
+    assert vae["state"]["first_stage_model"] == original["vae"]["first_stage_model"]
+    assert facts["original_unchanged"] == {"model": True, "vae": True}
+
+
+def test_adapter_refuses_what_is_not_built_yet(results):
+    refusals = results["adapter"]["refusals"]
+    assert "split runtime (issue 5)" in refusals["split"]
+    assert "params 'disk' needs the streaming runtime (issue 4)" in refusals["disk"]
+    assert "streaming runtime (issue 4)" in refusals["stream"]
+    assert "simulated device" in refusals["simulated"]
+    assert all(r.startswith("PlacementError") for r in refusals.values())
+
+
+def test_bad_spec_is_a_node_error_at_validation(results):
+    for key, expected in (("bad_spec", "'disk' is not a runtime backend"),
+                          ("bad_module", "unknown module 'unet2'")):
+        rec = results[key]
+        assert not rec["valid"], rec
+        assert "success" not in rec            # nothing ran
+        assert expected in node_error_text(rec), rec["node_errors"]
+
+
+def test_missing_device_falls_back_with_a_warning(results):
+    rec = results["missing_fallback"]
+    assert rec["valid"] and rec["success"], rec
+    shown = ui_text(rec, "11")
+    assert "'cuda7' not found" in shown and "falling back to auto" in shown
+    assert "diffusion: runs on cpu" in shown
+
+
+def test_missing_device_is_an_error_when_strict(results):
+    rec = results["missing_strict"]
+    assert not rec["valid"]
+    assert "'cuda7' not found" in node_error_text(rec)
+
+
+def test_disk_params_is_a_clear_node_error(results):
+    rec = results["disk_params"]
+    assert rec["valid"] and not rec["success"]
+    assert "params 'disk' needs the streaming runtime (issue 4)" in exec_error_text(rec)
+
+
+def test_simulated_inventory_plans_but_does_not_execute(results):
+    devices = ui_text(results["simulated_devices"], "1")
+    assert devices.startswith("simulated: cuda0=1GiB,cuda1=512MiB")
+    assert "\ncuda1\t" in devices
+    rec = results["simulated_apply"]
+    assert rec["valid"] and not rec["success"]
+    assert "cuda1 is a simulated device" in exec_error_text(rec)
+
+
+def test_adapter_places_every_comfy_type(results):
+    t = results["adapter_types"]
+    assert t["clip"] == {"new": True, "devices": ["cuda:1", "cpu"], "shares_weights": True,
+                         "original_unchanged": True}
+    cn = t["controlnet"]
+    assert cn["new"] and cn["shares_weights"] and cn["original_unchanged"]
+    assert cn["devices"] == ["cpu", "cpu", "cpu"]
+    assert "split runtime (issue 5)" in cn["other_device_than_diffusion"]
+    assert (t["t2i"]["device"], t["t2i"]["original_device"]) == ("cuda:1", "cpu")
+    assert "use params cpu" in t["t2i"]["resident_refused"]
+    lora = t["control_lora"]
+    assert lora["new"] and "built on cpu" in lora["notes"][0]
+    assert "always built on its default device (cpu)" in lora["elsewhere"]
+    assert t["clip_vision"] == {"load_device": "cuda:1", "patcher": ["cuda:1", "cpu"],
+                                "original": ["cpu", "cpu"]}
+    assert t["upscaler"] == {"patcher": ["cuda:1", "cpu"], "original": "cpu",
+                             "shares_weights": True}
+    pm = t["photomaker"]
+    assert (pm["load_device"], pm["original"], pm["shares_weights"]) == ("cuda:1", "cpu", True)
+    assert "no patcher to move them" in pm["params_elsewhere"]
+
+
+def test_adapter_dynamic_vram_branches(results):
+    t = results["adapter_types"]
+    # computing on the cpu: rebuilt as a plain patcher (own weights), and said so
+    assert t["dynamic_to_cpu"]["dynamic"] is False and t["dynamic_to_cpu"]["new_weights"]
+    assert "DynamicVRAM off" in t["dynamic_to_cpu"]["notes"][0]
+    assert "--disable-dynamic-vram" in t["dynamic_no_factory"]
+    # on an accelerator: stays dynamic, per-device state registered, residency noted
+    gpu = t["dynamic_gpu"]
+    assert gpu["dynamic"] and gpu["registered"] == ["cuda:1"] and gpu["shares_weights"]
+    assert "DynamicVRAM manages its residency" in gpu["notes"][0]
+    assert (gpu["original_load"], gpu["original_uuid"]) == ("cuda:0", "original")
+
+
+def test_auto_fit_plans_the_connected_models(results):
+    rec = results["auto_fit"]
+    assert rec["valid"] and rec["success"], rec
+    shown = ui_text(rec, "11")
+    assert "diffusion: runs on cpu" in shown and "vae: runs on cpu" in shown
