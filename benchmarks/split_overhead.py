@@ -10,9 +10,12 @@
    out and partial output back), and streaming that share's blocks onto one device.
 
 Every variant runs on its own copy of one model, placed on its own simulated devices,
-timed in alternating rounds (this machine is shared; interleaving keeps noise out of
-the ratios). Ratios use the fastest round of each variant (the least disturbed by
-other processes); the median-based ratio is printed beside it.
+timed in alternating rounds, each round starting with the next variant (this machine
+is shared; interleaving keeps noise out of the ratios). Ratios use the fastest round of each variant (the least disturbed by
+other processes); the median-based ratio is printed beside it, and the CPU time the
+main thread spent per step against one device's (hooks, hop copies and spin-waits of
+short modelled hops; robust to a busy machine). Torch runs on one thread by default
+so that other processes disturb the timing less.
 
     python benchmarks/split_overhead.py [--rounds 5] [--hidden 384] [--tokens 256]
 """
@@ -31,8 +34,9 @@ from comfyui_placement.runtime.split import place_split
 PCIE4 = Link(bandwidth=25e9, latency=10e-6)
 
 
-def split_plan(devices, mode, total=16 << 30):
-    return Plan([DevicePlan(d, "gpu", total, total, total) for d in devices],
+def split_plan(devices, mode, total=16 << 30, budgets=None):
+    budgets = budgets or [total] * len(devices)
+    return Plan([DevicePlan(d, "gpu", total, total, b) for d, b in zip(devices, budgets)],
                 {"diffusion": ComponentPlan("diffusion", list(devices), devices[0],
                                             split_mode=mode)})
 
@@ -47,10 +51,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--slow-link-gbps", type=float, default=0.5,
                     help="bandwidth of the slow modelled peer link, GB/s")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     model, inp = flux(args.hidden, args.hidden // 64, args.double, args.single, args.tokens)
     slow = Link(bandwidth=args.slow_link_gbps * 1e9, latency=10e-6)
-    inv = inventory(",".join(f"cuda{i}=64GiB" for i in range(12)))
+    inv = inventory(",".join(f"cuda{i}=64GiB" for i in range(13)))
 
     def run(m):
         with torch.no_grad():
@@ -66,6 +72,8 @@ def main():
         variants.append((name, m, placer(m, *a, **k)))
 
     add("one device", place, plan("cuda0", device="cuda0"), "diffusion", inv)
+    add("hooks only", place_split, split_plan(["cuda11", "cuda12"], "layer",
+                                              budgets=[16 << 30, 0]), "diffusion", inv)
     add("layer x2", place_split, split_plan(["cuda1", "cuda2"], "layer"), "diffusion", inv,
         hop_link=PCIE4)
     add("layer x3", place_split, split_plan(["cuda3", "cuda4", "cuda5"], "layer"),
@@ -75,29 +83,31 @@ def main():
     add("row x2", place_split, split_plan(["cuda8", "cuda9"], "row"), "diffusion", inv,
         hop_link=PCIE4)
     times = {name: [] for name, _, _ in variants}
+    cpu = {name: [] for name, _, _ in variants}
     moved = {}
     for _, _, placed in variants:
         placed.__enter__()
     # the share layer x2 puts on its second device, streamed onto one device instead
-    ranges = variants[1][2].stats()["ranges"]
+    ranges = variants[2][2].stats()["ranges"]
     k = ranges["cuda1"][1] + 1
     add("stream share", place, plan("cpu", stream=(k, 1), device="cuda10"), "diffusion", inv,
         link=PCIE4)
-    times["stream share"] = []
+    times["stream share"], cpu["stream share"] = [], []
     variants[-1][2].__enter__()
     try:
         for _, m, _ in variants:
             run(m)                                  # warm up, learn the block order
-        for _ in range(args.rounds):
-            for name, m, placed in variants:
+        for r in range(args.rounds):
+            for name, m, placed in variants[r % len(variants):] + variants[:r % len(variants)]:
                 before = placed.stats()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 for _ in range(args.steps):
                     run(m)
                 streamer = getattr(placed, "streamer", None)
                 if streamer is not None:
                     streamer.drain()
                 times[name].append((time.perf_counter() - t0) / args.steps)
+                cpu[name].append((time.thread_time() - c0) / args.steps)
                 after = placed.stats()
                 h2d = sum(d["h2d_bytes"] for d in after["devices"].values()) - \
                     sum(d["h2d_bytes"] for d in before["devices"].values())
@@ -120,20 +130,23 @@ def main():
           f"PCIe4 {PCIE4.bandwidth / 1e9:.0f} GB/s, slow {slow.bandwidth / 1e9:.2f} GB/s, "
           f"10 us latency")
     print(f"{'variant':>14} {'ms/step':>9} {'hops':>6} {'hop ms':>8} "
-          f"{'step/(c+hops)':>14} {'(median)':>9} {'hop MiB':>9} {'h2d MiB':>9} "
-          f"{'moved MiB':>10}")
+          f"{'step/(c+hops)':>14} {'(median)':>9} {'cpu/cpu1':>9} {'hop MiB':>9} "
+          f"{'h2d MiB':>9} {'moved MiB':>10}")
     for name, _, _ in variants:
         t = min(times[name])
         mv = moved[name]
         ratio = t / (compute + mv["hop_s"])
         ratio_med = med(times[name]) / (compute_med + mv["hop_s"])
         print(f"{name:>14} {t * 1e3:>9.1f} {mv['hops']:>6.0f} {mv['hop_s'] * 1e3:>8.2f} "
-              f"{ratio:>14.3f} {ratio_med:>9.3f} {mv['hop_bytes'] / 2**20:>9.2f} "
+              f"{ratio:>14.3f} {ratio_med:>9.3f} {min(cpu[name]) / min(cpu['one device']):>9.3f}"
+              f" {mv['hop_bytes'] / 2**20:>9.2f} "
               f"{mv['h2d_bytes'] / 2**20:>9.2f} "
               f"{(mv['hop_bytes'] + mv['h2d_bytes']) / 2**20:>10.2f}")
-    print("step/(c+hops): layer split target <= 1.05. 'moved' = bytes over links per step "
-          "(hops between devices + host-to-device copies); the streamed row moves the "
-          "same share of blocks that layer x2 keeps resident on its second device.")
+    print("step/(c+hops): layer split target <= 1.05. 'hooks only': a layer split whose "
+          "second device has no budget (every block on the main device, hooks but no hop). "
+          "'moved' = bytes over links per step (hops between devices + host-to-device "
+          "copies); 'stream share' streams onto one device the blocks layer x2 keeps "
+          "resident on its second device.")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@ that one step's transfers take about as long as one step's compute:
     ratio = streamed step time / max(compute, transfer)     (target <= 1.10, depth >= 1)
 depth 0 (synchronous) is printed beside it; it should be near compute + transfer.
 
+Two models: uniform blocks (every block the same compute per byte) and Flux's mix of
+double blocks (fewer FLOP per byte: transfer-heavy) and single blocks (compute-heavy),
+where a deeper ring absorbs the imbalance.
 The variants run on copies of one model, each placed on its own simulated device, and
 are timed in alternating rounds (this machine is shared, so interleaving keeps noise
 out of the ratios). A round runs a few consecutive steps and includes waiting for the
@@ -24,17 +27,31 @@ DEPTHS = (0, 1, 2, 4)
 
 
 def main():
+    args = parse()
+    configs = [(f"uniform blocks: {args.single + args.double} single blocks", 0,
+                args.single + args.double),
+               (f"mixed blocks: {args.double} double + {args.single} single", args.double,
+                args.single)]
+    for title, double, single in configs:
+        print(f"== {title}")
+        measure(args, double, single)
+
+
+def parse():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=3, help="consecutive steps per round")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=2, help="consecutive steps per round")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--double", type=int, default=4)
     ap.add_argument("--single", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--transfer-share", type=float, default=1.0,
                     help="modelled transfer time as a share of compute time")
-    args = ap.parse_args()
-    model, inp = flux(args.hidden, args.hidden // 64, args.double, args.single, args.tokens)
+    return ap.parse_args()
+
+
+def measure(args, double, single):
+    model, inp = flux(args.hidden, args.hidden // 64, double, single, args.tokens)
     inv = inventory(",".join(f"cuda{i}=16GiB" for i in range(len(DEPTHS) + 1)))
 
     def run(m):
@@ -76,6 +93,7 @@ def main():
                                                      "diffusion", inv, link=link)))
     times = {name: [] for name, _, _ in variants}
     ratios = {name: [] for name, _, _ in variants}
+    same_run = {name: [] for name, _, _ in variants}
     serial = {name: [] for name, _, _ in variants}
     h2d = {}
     for _, m, placed in variants:
@@ -87,12 +105,16 @@ def main():
             round_times = {}
             for name, m, placed in variants:
                 before = placed.stats()["devices"]
+                waited = placed.streamer.wait_seconds if placed.streamer else 0.0
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
                     run(m)
                 if placed.streamer is not None:
                     placed.streamer.drain()
                 round_times[name] = (time.perf_counter() - t0) / args.steps
+                if placed.streamer is not None:   # compute of this very run: not waiting
+                    waited = (placed.streamer.wait_seconds - waited) / args.steps
+                    same_run[name].append((round_times[name], round_times[name] - waited))
                 times[name].append(round_times[name])
                 after = placed.stats()["devices"]
                 dev = next(iter(after))
@@ -106,6 +128,9 @@ def main():
                 c = round_times["resident"]
                 ratios[name].append(round_times[name] / max(c, transfer))
                 serial[name].append(round_times[name] / (c + transfer))
+                if same_run[name]:
+                    step, busy = same_run[name][-1]
+                    same_run[name][-1] = step / max(busy, transfer)
     finally:
         for _, _, placed in variants:
             placed.__exit__(None, None, None)
@@ -117,12 +142,15 @@ def main():
     print(f"compute (all resident) {compute * 1e3:.1f} ms/step (median); the link is re-set "
           f"each round so that transfer alone = compute of that round (x{carried:.3f} for "
           f"the real memcpy); ratios are per round, median shown")
+    print("step/max(c,t): c = the resident run of the same round; same-run: c = this run's "
+          "step minus the time it waited for copies")
     print(f"{'variant':>9} {'ms/step':>9} {'step/max(c,t)':>14} {'step/(c+t)':>11} "
-          f"{'h2d MiB/step':>13}")
+          f"{'same-run':>9} {'h2d MiB/step':>13}")
     for name, _, _ in variants:
         t = med(times[name])
         print(f"{name:>9} {t * 1e3:>9.1f} {med(ratios[name]):>14.3f} "
-              f"{med(serial[name]):>11.3f} {h2d[name] / 2**20:>13.1f}")
+              f"{med(serial[name]):>11.3f} "
+              f"{med(same_run[name]) if same_run[name] else 0:>9.3f} {h2d[name] / 2**20:>13.1f}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ the request and decides only what was left unset; the offload presets of SD.Next
 the cost model and the report.
 """
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 from .components import COMPONENTS
 from .errors import PlacementError
@@ -98,7 +98,8 @@ def device_budgets(request, inventory, options: FitOptions):
         given = asked.get(dev.name)
         if given is None:
             budget = max(0, dev.free_bytes - int(options.budget_margin))
-            how = f"free {format_bytes(dev.free_bytes)} - margin {format_bytes(options.budget_margin)}"
+            how = (f"free {format_bytes(dev.free_bytes)} - margin "
+                   f"{format_bytes(options.budget_margin)}")
         else:
             budget = max(0, min(int(given), dev.free_bytes))
             how = "max_vram"
@@ -110,7 +111,8 @@ def device_budgets(request, inventory, options: FitOptions):
             cap = int(dev.total_bytes * float(options.balanced_threshold))
             if cap < budget:
                 budget = cap
-                how = f"balanced: {options.balanced_threshold:.0%} of {format_bytes(dev.total_bytes)}"
+                how = (f"balanced: {options.balanced_threshold:.0%} of "
+                       f"{format_bytes(dev.total_bytes)}")
         budgets[dev.name] = (budget, how)
     cpu = inventory.get("cpu")
     if options.host_budget is not None:
@@ -132,7 +134,7 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
     """Plan `infos` ({component: ComponentInfo}) on `inventory`. `request` is
     placement.resolve.Request (choices per component, budgets per device); whatever a
     choice leaves None is decided here. Raises PlacementError when nothing fits."""
-    options = options or FitOptions()
+    options = options or FitOptions(offload_mode=getattr(request, "offload_mode", "auto"))
     for comp, info in infos.items():
         if comp not in COMPONENTS or getattr(info, "component", comp) != comp:
             raise PlacementError(f"auto-fit got component {comp!r} described as "
@@ -156,7 +158,7 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
         rules[comp] = make_rules(choice, geos[comp], options.offload_mode, gpus)
     search = Search(geos, work, rules, gpus, {g: budgets[g][0] for g in gpus}, host[0], model,
                     options.prefetch_depth)
-    best = search.run() if geos else ((0.0, 0, 0.0, 0), {}, [[0] * len(gpus)] * 4)
+    best = search.run() if geos else ((0.0, 0, 0.0, 0), {}, [[0] * len(gpus) for _ in range(4)])
     if best is None:
         raise explain_failure(search, options, budgets, host)
     return build_plan(search, best, request, inventory, infos, options, budgets, host, notes)

@@ -70,15 +70,34 @@ def reasons_for(search: Search, o, use, options) -> List[str]:
     elif o.kind == "split":
         most = max((_room_without(search, use, o, search.gidx[n]) for n in o.runtime), default=0)
         where = "persistent" if o.persistent else f"while {phase} runs, params on {o.params}"
-        if o.ranges is not None:
+        if o.per_device is not None:
+            parts = ", ".join(f"{n} blocks {a}-{b} ({o.per_device[n][0]} resident)"
+                              for n, (a, b) in zip(o.runtime, o.ranges))
+            streaming = o.runtime[len(o.runtime) - o.layout:]
+            if o.layout == len(o.runtime):
+                how = ("in proportion to room, each GPU streaming the tail of its range over "
+                       "its own link")
+            elif len(streaming) == 1:
+                how = (f"{'&'.join(o.runtime[:-1])} filled and fully resident, "
+                       f"{streaming[0]} streaming the rest")
+            else:
+                how = (f"{'&'.join(o.runtime[:-len(streaming)])} filled and fully resident, "
+                       f"{'&'.join(streaming)} sharing the rest in proportion to room, each "
+                       f"streaming the tail of its range over its own link")
+            out.append(f"{size} > what {'&'.join(o.runtime)} hold together -> layer split, "
+                       f"{how} ({parts}), params on {o.params}; "
+                       f"{fmt(o.streamed_bytes)} {_per(o)} streamed (prefetch depth {o.depth}), "
+                       f"{o.hops} hops")
+        elif o.ranges is not None:
             parts = ", ".join(f"{n} blocks {a}-{b}" for n, (a, b) in zip(o.runtime, o.ranges))
             out.append(f"{size} > most room on one GPU {fmt(most)} -> layer split over "
                        f"{'&'.join(o.runtime)} in proportion to room ({parts}; "
                        f"{o.runtime[0]} also holds the non-block weights), {where}; "
                        f"{o.hops} hops {_per(o)} ({_ms(o.transfer_s)})")
         else:
-            shares = ", ".join(f"{n} {fmt(o.persist.get(search.gidx[n], 0) or o.use.get(search.gidx[n], 0))}"
-                               for n in o.runtime)
+            held = {n: o.persist.get(search.gidx[n]) or
+                    o.use.get(search.gidx[n], 0) - geo.headroom for n in o.runtime}
+            shares = ", ".join(f"{n} {fmt(b)}" for n, b in held.items())
             out.append(f"row split over {'&'.join(o.runtime)} (split_mode row): every block's "
                        f"matrices sliced in proportion to room ({shares}), {where}; "
                        f"{_ms(o.transfer_s)} exchanges {_per(o)}")
@@ -142,7 +161,9 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
                            present=True, total_bytes=search.geos[comp].total,
                            resident_bytes=o.resident_bytes, streamed_bytes=o.streamed_bytes,
                            reasons=reasons_for(search, o, use, options))
-        if o.kind == "stream":
+        if o.kind == "stream" or o.per_device is not None:
+            # a split that streams: resident_blocks counts every device's resident prefix;
+            # extra.fit.components[c].stream_per_device has {device: [resident, of blocks]}
             cp.stream = StreamPlan(o.resident_blocks, o.depth)
         if o.kind == "split" and o.ranges is not None:
             cp.blocks = {n: [a, b] for n, (a, b) in zip(o.runtime, o.ranges)}
@@ -198,6 +219,8 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
             "forward_s": o.forward_s, "compute_s": o.compute_s, "transfer_s": o.transfer_s,
             "forwards": o.runs, "load_s": o.load_s, "loaded_bytes": o.loaded_bytes,
             "hops": o.hops, "headroom_bytes": search.geos[c].headroom,
+            "stream_per_device": None if o.per_device is None else
+            {n: list(v) for n, v in o.per_device.items()},
             "held_bytes": {search.gpus[d]: b for d, b in
                            sorted({**o.use, **{k: v + o.use.get(k, 0)
                                                for k, v in o.persist.items()}}.items())},

@@ -18,8 +18,9 @@ memory can never make the predicted time worse.
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .components import PHASES
+from .errors import PlacementError
 from .fit_costs import STREAM_BLOCK_OVERHEAD_S, STREAM_OVERLAP
-from .fit_shapes import Geometry, layer_ranges, row_shares
+from .fit_shapes import Geometry, layer_ranges, row_shares, stream_spans
 
 PHASE_ORDER = ("encode", "sample", "decode", "upscale")
 _PHASE_INDEX = {p: i for i, p in enumerate(PHASE_ORDER)}
@@ -40,12 +41,13 @@ class Option:
     __slots__ = ("comp", "kind", "runtime", "params", "source", "split_mode", "resident_blocks",
                  "depth", "ranges", "persist", "use", "host_persist", "host_use",
                  "resident_bytes", "streamed_bytes", "loaded_bytes", "hops", "compute_s",
-                 "transfer_s", "forward_s", "load_s", "cost", "runs", "phase", "layout")
+                 "transfer_s", "forward_s", "load_s", "cost", "runs", "phase", "layout",
+                 "per_device")
 
     def __init__(self, comp, kind, runtime, runs, phase):
         self.comp, self.kind, self.runtime, self.runs, self.phase = comp, kind, runtime, runs, phase
         self.split_mode = "layer"
-        self.resident_blocks = self.depth = self.ranges = self.layout = None
+        self.resident_blocks = self.depth = self.ranges = self.layout = self.per_device = None
         self.streamed_bytes = self.hops = self.host_use = 0
         self.transfer_s = 0.0
 
@@ -57,7 +59,8 @@ class Option:
 class Rules:
     """What the search may decide for one component (the user's choice and the preset)."""
     __slots__ = ("runtime", "params", "split_mode", "persist_res", "persist_split", "float_res",
-                 "stream", "float_split", "cpu", "prefix_zero", "params_elsewhere")
+                 "stream", "float_split", "split_stream", "cpu", "prefix_zero",
+                 "params_elsewhere")
 
     def __init__(self):
         for name in self.__slots__:
@@ -83,7 +86,6 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str]) -> Rules
     offload_params = params in ("cpu", "disk")
     if runtime is not None and "cpu" in runtime:
         if len(runtime) > 1:
-            from .errors import PlacementError
             raise PlacementError(f"auto-fit cannot split {geo.comp} over the cpu and GPUs "
                                  f"({'&'.join(runtime)}); name GPUs only, or cpu alone")
         r.runtime = ["cpu"]
@@ -128,11 +130,16 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str]) -> Rules
         r.float_res = not split_only
         r.stream = streamable and not split_only
         r.float_split = may_split
-        r.cpu = runtime is None and gpus is not None
+        r.split_stream = may_split and r.split_mode == "layer"
+        r.cpu = runtime is None
+    if not gpus and runtime is None:
+        r.cpu = True            # no accelerator: every preset computes on the CPU
     return r
 
 
 class Search:
+    """One fit: the devices' budgets and speeds, the components' geometry and rules."""
+
     def __init__(self, geos: Dict[str, Geometry], workloads, rules: Dict[str, Rules],
                  gpus: List[str], budgets: Dict[str, int], host_budget: int, model,
                  depth: int):
@@ -249,7 +256,8 @@ class Search:
         if mode == "row":
             held = [s + (geo.non_block if i == 0 else 0) for i, s in enumerate(layout)]
             ranges = None
-            compute = max(self._compute_s(c, h / geo.total, devs[i]) for i, h in enumerate(held))
+            compute = max(self._compute_s(c, h / (geo.total or 1), devs[i])
+                          for i, h in enumerate(held))
             k = len(devs)
             per_block = 2 * self.model.hop_s(w.activation_bytes * (k - 1) // k,
                                               self.gpus[devs[0]], self.gpus[devs[-1]])
@@ -263,7 +271,8 @@ class Search:
             held = [geo.prefix[e] - geo.prefix[s] + (geo.non_block if j == 0 else 0)
                     for j, (_, s, e) in enumerate(keep)]
             ranges = [(s, e - 1) for _, s, e in keep]
-            compute = sum(self._compute_s(c, h / geo.total, devs[j]) for j, h in enumerate(held))
+            compute = sum(self._compute_s(c, h / (geo.total or 1), devs[j])
+                          for j, h in enumerate(held))
             hops = len(devs)          # main -> ... -> last -> main (final layers)
             comm = sum(self.model.hop_s(w.activation_bytes, self.gpus[devs[j]],
                                         self.gpus[devs[(j + 1) % len(devs)]])
@@ -288,6 +297,65 @@ class Search:
             # so a split never loads faster than one whole copy on the slowest link
             o.load_s = geo.total / min(self.model.source_bandwidth(n, source) for n in names)
             o.host_persist = geo.total if source == "cpu" else 0
+        o.cost = o.runs * o.forward_s + o.load_s
+        return o
+
+    def split_stream(self, c: str, devs: List[int], caps: List[int], depth: int,
+                     source: str, streaming: int) -> Optional[Option]:
+        """A layer split too big for its devices: a streaming device keeps a prefix of
+        its range resident and streams the rest through its own ring
+        (runtime/split/layer.py) over its own link. Layouts: the first devices filled and
+        fully resident, the last `streaming` ones sharing the rest in proportion to room
+        (fewest prefetch slots when the big blocks come first, as in Flux) - from all
+        streaming (most overlap) to only the last (most resident bytes, accelerate's
+        layout with a prefetch ring). The cost model picks."""
+        key = ("xs", c, tuple(devs), tuple(caps), depth, source, streaming)
+        if key not in self._memo:
+            self._memo[key] = self._split_stream(c, devs, caps, depth, source, streaming)
+        return self._memo[key]
+
+    def _split_stream(self, c, devs, caps, depth, source, streaming) -> Optional[Option]:
+        geo, w = self.geos[c], self.work[c]
+        spans = stream_spans(geo, caps, streaming)
+        if spans is None:
+            return None
+        names = [self.gpus[d] for d in devs]
+        per_device, use, fwd, compute_all, transfer_all = {}, {}, 0.0, 0.0, 0.0
+        resident_total = streamed_total = 0
+        for j, (d, (a, b)) in enumerate(zip(devs, spans)):
+            nb = geo.non_block if j == 0 else 0
+            k = geo.range_prefix(a, b, caps[j] - nb, depth)
+            if k is None:
+                return None
+            slots = geo.range_window(a + k, b, depth)
+            resident = geo.prefix[a + k] - geo.prefix[a]
+            streamed = geo.prefix[b] - geo.prefix[a + k]
+            use[d] = nb + resident + slots + geo.headroom
+            per_device[names[j]] = (k, b - a)
+            held = nb + geo.prefix[b] - geo.prefix[a]
+            compute = self._compute_s(c, held / (geo.total or 1), d)
+            transfer = streamed / self.model.source_bandwidth(names[j], source)
+            fwd += streamed_forward(compute, transfer, depth, b - a - k) if streamed else compute
+            compute_all += compute
+            transfer_all += transfer
+            resident_total += nb + resident
+            streamed_total += streamed
+        comm = sum(self.model.hop_s(w.activation_bytes, names[j], names[(j + 1) % len(names)])
+                   for j in range(len(names)))
+        o = Option(c, "split", names, w.runs, self.phase_of[c])
+        o.ranges = [(a, b - 1) for a, b in spans]
+        o.resident_blocks = sum(k for k, _ in per_device.values())
+        o.depth, o.per_device = depth, per_device
+        o.layout = streaming
+        o.params = o.source = source
+        o.persist, o.use = {}, use
+        o.hops = len(names)
+        o.resident_bytes, o.streamed_bytes, o.loaded_bytes = (resident_total, streamed_total,
+                                                              resident_total)
+        o.compute_s, o.transfer_s = compute_all, transfer_all + comm
+        o.forward_s = fwd + comm
+        o.load_s = resident_total / min(self.model.source_bandwidth(n, source) for n in names)
+        o.host_persist = geo.total if source == "cpu" else 0
         o.cost = o.runs * o.forward_s + o.load_s
         return o
 
@@ -321,6 +389,11 @@ class Search:
             return self.stream(o.comp, self.gidx[o.runtime[0]], o.resident_blocks, o.depth, source)
         if o.kind == "resident":
             return self.resident(o.comp, self.gidx[o.runtime[0]], False, source)
+        if o.per_device is not None:
+            devs = [self.gidx[n] for n in o.runtime]
+            caps = [o.use[d] - self.geos[o.comp].headroom for d in devs]
+            again = self._split_stream(o.comp, devs, caps, o.depth, source, o.layout)
+            return again if again is not None else o
         devs, layout = o.layout
         return self.split_layout(o.comp, devs, o.split_mode, layout, False, source)
 
@@ -391,11 +464,27 @@ class Search:
         whole = any(o.kind == "resident" for o in out)
         if rule.float_split and not (whole and self.homogeneous):
             # on equal GPUs a split only adds hops to a component that fits one whole
-            for devs in self._split_sets(c, rooms):
+            sets = self._split_sets(c, rooms)
+            fitted = False
+            for devs in sets:
                 caps = [rooms[d] - geo.headroom for d in devs]
                 o = self.split(c, devs, rule.split_mode, caps, False, source)
                 if o is not None:
                     out.append(o)
+                    fitted = True
+            if rule.split_stream and sets and not fitted:
+                # too big for every set: stream over all of them (most room, most links;
+                # a hop costs about a millisecond)
+                devs = sets[-1]
+                caps = [rooms[d] - geo.headroom for d in devs]
+                k = len(devs)      # how many GPUs stream: all, half, or the last few
+                for streaming in sorted({k, (k + 1) // 2, 3, 2, 1} & set(range(1, k + 1)),
+                                        reverse=True):
+                    for depth in range(self.depth, -1, -1):
+                        o = self.split_stream(c, devs, caps, depth, source, streaming)
+                        if o is not None:
+                            out.append(o)
+                            break
         if rule.cpu:
             out.append(self.on_cpu(c, source))
         return out
@@ -412,7 +501,8 @@ class Search:
                        key=lambda d: (-rooms[d], d))
         return [order[:k] for k in range(2, len(order) + 1)]
 
-    def persistent_options(self, c: str, persist: List[int], extra: List[List[int]]) -> List[Option]:
+    def persistent_options(self, c: str, persist: List[int],
+                           extra: List[List[int]]) -> List[Option]:
         """Placements of `c` whose weights stay on GPUs for the session, given what the
         other persistent components already hold (`persist` in every phase, `extra` per
         phase: their working memory)."""
@@ -569,7 +659,9 @@ class Search:
         while self._host_peak(chosen) > self.host_budget:
             best = None
             for c, o in sorted(chosen.items()):
-                if o.source != "cpu" or self.rules[c].params == "cpu" or c in tried:
+                # splits read their weights from host memory (runtime/split: no disk yet)
+                if o.source != "cpu" or self.rules[c].params == "cpu" or c in tried \
+                        or o.kind == "split":
                     continue
                 alt = self.rebuild(o, "disk")
                 freed = self._host_peak(chosen) - self._host_peak({**chosen, c: alt})

@@ -72,6 +72,27 @@ class Geometry:
         k = bisect_right(rmin, room) - 1
         return k if k >= 0 else None
 
+    def range_window(self, start: int, end: int, depth: int) -> int:
+        """Slot ring bytes when blocks start..end-1 are streamed."""
+        streamed = end - start
+        if streamed <= 0:
+            return 0
+        return (min(depth, streamed - 1) + 1) * max(self.sizes[start:end])
+
+    def range_prefix(self, start: int, end: int, room: int, depth: int) -> Optional[int]:
+        """Largest k such that blocks start..start+k-1 resident plus the ring for the rest
+        of the range fit `room` (the rule of runtime/split/layer.streamed_split)."""
+        prefix, sizes = self.prefix, self.sizes
+        if prefix[end] - prefix[start] <= room:
+            return end - start
+        largest = 0
+        for k in range(end - start - 1, -1, -1):      # blocks start+k..end-1 streamed
+            largest = max(largest, sizes[start + k])
+            slots = (min(depth, end - start - k - 1) + 1) * largest
+            if prefix[start + k] - prefix[start] + slots <= room:
+                return k
+        return None
+
     def streamed_bytes(self, k: int) -> int:
         return self.prefix[self.n] - self.prefix[k]
 
@@ -112,6 +133,41 @@ def layer_ranges(geo: Geometry, caps: Sequence[int]) -> Optional[List[Tuple[int,
             if low > hi:
                 return None
             end = _nearest(prefix, target, low, hi)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def stream_spans(geo: Geometry, caps: Sequence[int], streaming: int
+                 ) -> Optional[List[Tuple[int, int]]]:
+    """Contiguous ranges for a layer split that streams: the first k - `streaming`
+    devices take as many blocks as their caps hold (the first also the non-block
+    weights) and stay fully resident; the rest of the blocks go to the last `streaming`
+    devices in proportion to their caps, each to stream the tail of its range. Every
+    device gets at least one block. streaming = k: all in proportion; 1: fill then
+    stream on the last (accelerate's layout, with a prefetch ring)."""
+    n, k = geo.n, len(caps)
+    if k < 2 or n < k or not 1 <= streaming <= k or min(caps) <= 0:
+        return None
+    prefix = geo.prefix
+    out, start = [], 0
+    for i in range(k - streaming):
+        room = caps[i] - (geo.non_block if i == 0 else 0)
+        end = bisect_right(prefix, prefix[start] + room, start, n) - 1
+        end = min(end, n - (k - 1 - i))           # leave a block for each device after
+        if end <= start:
+            return None
+        out.append((start, end))
+        start = end
+    tail = caps[k - streaming:]
+    first = k - streaming
+    whole = prefix[n] - prefix[start] + (geo.non_block if first == 0 else 0)
+    acc = prefix[start] - (geo.non_block if first == 0 else 0)
+    total_caps = float(sum(tail))
+    for j, cap in enumerate(tail):
+        i = first + j
+        acc += whole * cap / total_caps
+        end = n if i == k - 1 else _nearest(prefix, acc, start + 1, n - (k - 1 - i))
         out.append((start, end))
         start = end
     return out

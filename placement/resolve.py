@@ -199,9 +199,10 @@ def _split_ranges(cp: ComponentPlan, request: Request, inventory: Inventory, inf
         cp.reasons.append(f"{cp.split_mode} split over {', '.join(cp.runtime)} "
                           f"(ranges set when the model is known)")
         return
+    weights[0] = max(0.0, weights[0] - info.non_block_bytes)   # the main device holds those
     cp.blocks = proportional_ranges([b.nbytes for b in info.blocks], cp.runtime, weights)
     cp.reasons.append(f"{cp.split_mode} split over {', '.join(cp.runtime)} in proportion to "
-                      f"budgets: " + ", ".join(f"{d} blocks {r[0]}-{r[1]}"
+                      f"budgets (less the non-block weights on {cp.runtime[0]}): " + ", ".join(f"{d} blocks {r[0]}-{r[1]}"
                                               for d, r in cp.blocks.items()))
 
 

@@ -21,7 +21,8 @@ from torch import nn
 from ..placement.errors import PlacementError
 from .blocks import find_blocks
 from .residency import (DiskLayout, Group, PinnedPool, default_pinned_cap, file_order_key,
-                        open_weight_file, rebind)
+                        open_weight_file, rebind,
+                        give_back_freed_host_memory)
 from .simdevice import Link
 from .stream import Source, Streamer
 from .target import open_target
@@ -83,6 +84,9 @@ class Placed:
         self._handles: List = []
         self._final_stats = None
         self._info = {}
+        self._lora = {}
+        self._lora_bytes = 0
+        self._streamed_patches = {}
 
     # -- plan checks -------------------------------------------------------------------
     @staticmethod
@@ -159,9 +163,11 @@ class Placed:
 
         # every tensor once, with all its names (tied weights have several)
         by_id: Dict[int, list] = {}
+        self.by_name: Dict[str, torch.Tensor] = {}
         for name, t in list(self.module.named_parameters(remove_duplicate=False)) + \
                 list(self.module.named_buffers(remove_duplicate=False)):
             by_id.setdefault(id(t), [t, []])[1].append(name)
+            self.by_name[name] = t
 
         block_list = []
         if mode == "stream":
@@ -202,6 +208,13 @@ class Placed:
         else:
             resident = [g for g in [nonblock] + block_groups if g]
             streamed, streamed_modules, depth = [], [], 0
+        self.in_place_bytes = 0
+        if mode == "resident" and not self.target.simulated and all(
+                t.device == self.target.device for t, _ in by_id.values()):
+            # already where the plan wants it (a real device, or cpu): no second copy
+            self.in_place_bytes = sum(g.nbytes for g in resident)
+            resident, mode = [], "in place"
+            self.mode = mode
         self.resident_groups = resident
         self.streamed_groups = streamed
 
@@ -230,6 +243,7 @@ class Placed:
                 g.bind(host)                  # the module's own copy is dropped here
                 for t, v in zip(g.tensors, g.views(host)):
                     self.rest[id(t)] = v
+                give_back_freed_host_memory()
                 sources.append(Source(host=host))
         if streamed:
             self.streamer = Streamer(self.target, streamed, streamed_modules, sources, depth,
@@ -247,6 +261,7 @@ class Placed:
         if self.loaded:
             return
         allocated = []
+        self.target.ledger.reserve("resident", self.in_place_bytes, "weights in place")
         try:
             for g in self.resident_groups:
                 buf = self.target.alloc(g.nbytes, "resident", f"resident {g.name}")
@@ -254,6 +269,7 @@ class Placed:
             if self.streamer is not None:
                 self.streamer.allocate()
         except BaseException:
+            self.target.free(self.in_place_bytes, "resident")
             for g, _ in allocated:
                 self.target.free(g.nbytes, "resident")
             if self.streamer is not None:
@@ -264,6 +280,7 @@ class Placed:
             self._fill_resident(g, buf)
             g.bind(buf)
         self.loaded = True
+        self._patch_resident()
 
     def _fill_resident(self, g: Group, buf: torch.Tensor) -> None:
         self.target.ledger.count_h2d(g.nbytes)
@@ -297,6 +314,7 @@ class Placed:
             return
         if self.streamer is not None:
             self.streamer.free()
+        self.target.free(self.in_place_bytes, "resident")
         for g, _ in self.resident_bufs:
             self.target.free(g.nbytes, "resident")
         self.resident_bufs = []
@@ -305,6 +323,48 @@ class Placed:
         if self.target.is_cuda:
             torch.cuda.synchronize(self.target.device)
         self.loaded = False
+
+    # -- runtime LoRA ---------------------------------------------------------------------
+    def set_lora(self, patches) -> None:
+        """{weight name: [(down, up, alpha, strength), ...]}; {} removes all. Applied to the
+        device copies only: streamed blocks on arrival, resident weights now (refilled
+        from their resting copy first, so earlier patches do not accumulate)."""
+        from .lora import GroupPatches, resolve
+        resolved = resolve(patches, self.by_name, self.target.device)
+        nbytes = sum(x.numel() * x.element_size() for _, p in resolved.values()
+                     for d, u, _, _ in p for x in (d, u))
+        self.target.ledger.reserve("resident", nbytes, "LoRA patches")
+        self.target.free(self._lora_bytes, "resident")
+        self._lora_bytes = nbytes
+        touched = set(self._lora) | set(resolved)
+        self._lora = resolved
+        streamed_index = {id(t): gi for gi, g in enumerate(self.streamed_groups)
+                          for t in g.tensors}
+        per_group: Dict[int, list] = {}
+        for tid, (t, p) in resolved.items():
+            if tid in streamed_index:
+                per_group.setdefault(streamed_index[tid], []).append((t, p))
+        self._streamed_patches = {gi: GroupPatches([t for t, _ in v], [p for _, p in v])
+                                  for gi, v in per_group.items()}
+        if self.streamer is not None:
+            self.streamer.on_arrive = [self._patch_arrived] if self._streamed_patches else []
+        if self.loaded:
+            for g, buf in self.resident_bufs:
+                if any(id(t) in touched for t in g.tensors):
+                    self._fill_resident(g, buf)
+            self._patch_resident()
+
+    def _patch_resident(self) -> None:
+        from .lora import apply_in_place
+        streamed = {id(t) for g in self.streamed_groups for t in g.tensors}
+        for tid, (t, p) in self._lora.items():
+            if tid not in streamed:
+                apply_in_place(t.data, p)
+
+    def _patch_arrived(self, gi: int) -> None:
+        patches = self._streamed_patches.get(gi)
+        if patches is not None:
+            patches.apply()
 
     def release(self) -> None:
         """Drop resident blocks and slots from the device (before VAE decode, on unload);
@@ -354,6 +414,8 @@ class Placed:
             if self.target is not None:
                 try:
                     self._unload()
+                    self.target.free(self._lora_bytes, "resident")
+                    self._lora_bytes = 0
                 finally:
                     self._final_stats = self._stats_now()
                     self.target.close()
@@ -378,7 +440,7 @@ class Placed:
         out.update(self._info)
         out["pinned_bytes"] = self.pool.pinned_bytes if hasattr(self, "pool") else 0
         if self.streamer is not None:
-            out["prefetched_ahead_bytes"] = self.streamer.primed_bytes
+            out["prefetched_ahead_bytes"] = self.streamer.ahead_bytes
         return out
 
     def stats(self) -> dict:

@@ -253,6 +253,27 @@ class PinnedPool:
                           f"copies from it are slower", RuntimeWarning, stacklevel=3)
 
 
+def _find_malloc_trim():
+    try:
+        import ctypes
+        import ctypes.util
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim
+    except (OSError, AttributeError):
+        return None                     # not glibc: nothing to do
+
+
+_malloc_trim = _find_malloc_trim()
+
+
+def give_back_freed_host_memory() -> None:
+    """glibc keeps freed heap memory (its mmap threshold rises after large frees), so
+    packing weights into new buffers would leave the old copies in RSS; trim returns
+    them to the OS."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
 def default_pinned_cap() -> int:
     """Half the host RAM: pinned pages cannot be swapped, the OS needs the rest."""
     from ..placement.devices import _host_memory

@@ -73,6 +73,8 @@ def describe_component(component: str, sources, *, resolution=(1024, 1024), fram
 
 
 def merge(component: str, infos: Sequence[ComponentInfo]) -> ComponentInfo:
+    """Several models that make one component and run one after another: blocks in the
+    given order, bytes summed, archs joined with '+', the largest headroom."""
     archs: List[str] = []
     for info in infos:
         for a in info.arch.split("+"):

@@ -25,8 +25,8 @@ def read_gguf(path) -> Tuple[List[TensorInfo], Dict[str, str]]:
     except OSError as e:
         raise PlacementError(f"cannot read {name}: {e.strerror or e}") from None
     except Exception as e:  # the reader raises whatever numpy/struct raise on bad files
-        raise PlacementError(f"{name}: not a readable GGUF file "
-                             f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        detail = (str(e).splitlines() or [""])[0][:120]
+        raise PlacementError(f"{name}: not a readable GGUF file ({type(e).__name__}: {detail})"
                              ) from None
     try:
         meta = _string_fields(reader)

@@ -3,13 +3,16 @@
 `place_objects(plan, inventory, {component: object})` returns placed copies (the
 given objects are untouched) and the notes to show next to the plan. Nothing is
 placed unless everything can be: errors are raised before any copy is returned.
+A plan ComfyUI's patcher cannot express (streaming, disk, split, simulated devices) is
+run by the pack's engine (engine.py for the diffusion model, engine_calls.py for the
+VAE); the rest goes through ComfyUI's own patchers.
 """
 from typing import Dict, List, Tuple
 
 from ...placement.errors import PlacementError
 from .components import (place_clip, place_clip_vision, place_controlnet, place_model,
                          place_photomaker, place_upscale_model, place_vae)
-from .targets import target_for
+from .targets import check_executable, needs_engine, target_for
 
 # component -> (ComfyUI io type it arrives as, placing function)
 PLACERS = {
@@ -23,6 +26,20 @@ PLACERS = {
 }
 
 
+def _engine_model():
+    from .engine import place_model_with_engine
+    return place_model_with_engine
+
+
+def _engine_vae():
+    from .engine_calls import place_vae_with_engine
+    return place_vae_with_engine
+
+
+# component -> the engine placer (imported when used: it loads the runtime)
+ENGINE_PLACERS = {"diffusion": _engine_model, "vae": _engine_vae}
+
+
 def place_objects(plan, inventory,
                   objects: Dict[str, object]) -> Tuple[Dict[str, object], List[str]]:
     placed: Dict[str, object] = {}
@@ -33,6 +50,13 @@ def place_objects(plan, inventory,
         if component not in PLACERS:
             raise PlacementError(f"no ComfyUI placer for component {component!r}; "
                                  f"placers: {', '.join(PLACERS)}")
+        cp = plan.components[component]
+        check_executable(cp, inventory)
+        if needs_engine(cp, inventory):
+            out, more = ENGINE_PLACERS[component]()(obj, plan, inventory)
+            placed[component] = out
+            notes.extend(more)
+            continue
         target = target_for(plan, component, inventory)
         place = PLACERS[component][1]
         if component == "controlnet":

@@ -2,9 +2,10 @@
 
 ComfyUI places a model through its patcher's `load_device` (where it computes) and
 `offload_device` (where its weights rest between uses). This module maps one
-ComponentPlan onto that pair and refuses, with the roadmap item that is missing, the
-plans that pair cannot express yet: disk residency, streaming, splits and simulated
-devices all need the pack's own runtime engine.
+ComponentPlan onto that pair. Plans that pair cannot express (disk residency,
+streaming, splits, simulated devices) go to the pack's engine instead (engine.py); it
+is wired for the diffusion model only, so for other components they are refused with
+an error naming what is missing.
 """
 from dataclasses import dataclass
 
@@ -33,36 +34,67 @@ class Target:
         return f"{self.component}: runs on {self.runtime}, weights {rest}"
 
 
+# What the pack's engine runs inside ComfyUI, per component (everything else goes through
+# ComfyUI's own patchers, or is refused below).
+ENGINE_RUNS = {
+    "diffusion": ("stream", "disk", "split", "simulated"),
+    "vae": ("disk", "simulated"),
+}
+
+
 def _torch_device(inventory: Inventory, name: str, component: str, role: str) -> torch.device:
     device = inventory.get(name)
     if device.simulated or device.torch_device is None:
         raise PlacementError(
-            f"{component} {role} {name} is a simulated device: ComfyUI cannot execute on "
-            f"it until the pack's runtime engine drives it (issue 4, streaming runtime); "
-            f"plan with it, or unset COMFYUI_PLACEMENT_SIMULATE to run")
+            f"{component} {role} {name} is a simulated device: only the pack's engine "
+            f"executes on simulated devices, and inside ComfyUI it places "
+            f"{' and '.join(c for c in ENGINE_RUNS)} so far; put {component} on a real "
+            f"device (e.g. cpu)")
     return torch.device(device.torch_device)
 
 
-def check_executable(cp: ComponentPlan) -> None:
-    """Raise for what ComfyUI's patcher cannot do and the pack's runtime does not do yet."""
-    comp = cp.component
-    if cp.is_split:
-        raise PlacementError(
-            f"{comp} is split over {'&'.join(cp.runtime)}: running one component on several "
-            f"devices needs the split runtime (issue 5), not built yet; name one device")
-    if cp.params == "disk":
-        raise PlacementError(
-            f"{comp} params 'disk' needs the streaming runtime (issue 4), not built yet; "
-            f"use params cpu or a device")
+def engine_needs(cp: ComponentPlan, inventory: Inventory) -> list:
+    """What in this plan ComfyUI's own patcher cannot express."""
+    needs = []
     if cp.stream is not None:
-        raise PlacementError(
-            f"{comp} is planned streamed (stream_layers): layer streaming needs the "
-            f"streaming runtime (issue 4), not built yet; turn stream_layers off")
+        needs.append("stream")
+    if cp.params == "disk":
+        needs.append("disk")
+    if cp.is_split:
+        needs.append("split")
+    names = list(cp.runtime) + ([cp.params] if cp.params not in ("cpu", "disk") else [])
+    if any(inventory.get(n).simulated for n in names):
+        needs.append("simulated")
+    return needs
+
+
+def needs_engine(cp: ComponentPlan, inventory: Inventory) -> bool:
+    """Plans ComfyUI's own patcher cannot express: the pack's engine runs them."""
+    return bool(engine_needs(cp, inventory))
+
+
+WHAT = {"stream": "streaming (stream_layers)", "disk": "params 'disk'",
+        "split": "a split over several devices", "simulated": "a simulated device"}
+
+
+def check_executable(cp: ComponentPlan, inventory: Inventory) -> None:
+    """Raise for what neither ComfyUI's patcher nor the pack's engine runs inside ComfyUI."""
+    comp = cp.component
+    runs = ENGINE_RUNS.get(comp, ())
+    for need in engine_needs(cp, inventory):
+        if need not in runs:
+            where = (f" ({'&'.join(cp.runtime)})" if need == "split" else "")
+            raise PlacementError(
+                f"{comp}: {WHAT[need]}{where} is not executed for {comp} inside ComfyUI yet "
+                f"(the pack's engine is wired for "
+                + "; ".join(f"{c}: {', '.join(WHAT[n] for n in r)}"
+                            for c, r in ENGINE_RUNS.items())
+                + f"); place {comp} on a real device with params cpu or that device")
 
 
 def target_for(plan: Plan, component: str, inventory: Inventory) -> Target:
     cp = plan.components[component]
-    check_executable(cp)
+    check_executable(cp, inventory)
     load = _torch_device(inventory, cp.main_device, component, "runtime device")
     offload = _torch_device(inventory, cp.params, component, "params device")
     return Target(component, cp.main_device, cp.params, load, offload)

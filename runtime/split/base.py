@@ -29,6 +29,17 @@ def seen_bytes(args, kwargs) -> int:
     return n
 
 
+def to_device(x, device):
+    """Inputs to the main device (real devices): not a hop, the caller's tensors arrive."""
+    if isinstance(x, torch.Tensor):
+        return x if x.device == device else x.to(device, non_blocking=True)
+    if type(x) in (tuple, list):
+        return type(x)(to_device(v, device) for v in x)
+    if type(x) is dict:
+        return {k: to_device(v, device) for k, v in x.items()}
+    return x
+
+
 def module_tensors(module: nn.Module) -> Dict[int, list]:
     """id -> [tensor, [names]]: every parameter and buffer once, with all its names."""
     by_id: Dict[int, list] = {}
@@ -62,6 +73,9 @@ class SplitBase:
         self.module = module
         self.component = component
         self.cplan = plan.components[component]
+        # what auto-fit decided beyond the v1 keys (headroom, per-device stream prefixes)
+        fit = (getattr(plan, "extra", None) or {}).get("fit") or {}
+        self.fit_info = (fit.get("components") or {}).get(component) or {}
         self.runtime = list(self.cplan.runtime)
         self.devices = [inventory.get(n) for n in self.runtime]
         self.budgets = [self._budget(plan, n) for n in self.runtime]
@@ -91,7 +105,7 @@ class SplitBase:
 
     def _check_params(self, weights_file) -> None:
         c = self.cplan
-        if c.params == "disk" or weights_file is not None:
+        if c.params == "disk":
             raise PlacementError(f"{self.component}: a split with params=disk is not supported "
                                  f"yet; use params=cpu or the runtime devices")
         if c.params != "cpu" and c.params not in self.runtime:
@@ -103,7 +117,10 @@ class SplitBase:
     def _open_targets(self) -> None:
         for dev, budget in zip(self.devices, self.budgets):
             self.targets.append(open_target(dev, budget, self.link))
-        self.headroom = [headroom_for(self.headroom_option, t.name) for t in self.targets]
+        option = self.headroom_option
+        if option is None and self.fit_info.get("headroom_bytes") is not None:
+            option = int(self.fit_info["headroom_bytes"])     # the planner's estimate
+        self.headroom = [headroom_for(option, t.name) for t in self.targets]
         self.mover = Mover(self.targets, self.hop_link)
 
     def _capture(self) -> Dict[int, list]:
@@ -210,6 +227,8 @@ class SplitBase:
 
     def _teardown(self) -> None:
         self._detach()
+        if getattr(self, "mover", None) is not None:
+            self.mover.end_forward()          # drop copies a forward stopped midway left
         try:
             try:
                 self._unload()

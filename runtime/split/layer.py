@@ -14,7 +14,6 @@ import warnings
 from functools import partial
 from typing import Dict, List
 
-import torch
 
 from ...placement.errors import PlacementError
 from ...placement.ranges import proportional_ranges
@@ -22,7 +21,7 @@ from ...placement.units import format_bytes
 from ..blocks import find_blocks
 from ..residency import PinnedPool, default_pinned_cap
 from ..stream import Source, Streamer
-from .base import SplitBase, make_group, seen_bytes
+from .base import SplitBase, make_group, seen_bytes, to_device
 
 
 def ranges_to_owner(ranges: Dict[str, List[int]], names: List[str], n: int):
@@ -94,28 +93,35 @@ class LayerSplit(SplitBase):
         self.pool = PinnedPool(any(t.is_cuda for t in self.targets),
                                self.max_pinned_bytes if self.max_pinned_bytes is not None
                                else default_pinned_cap())
+        planned_k = self.fit_info.get("stream_per_device") or {}
         for d, t in enumerate(self.targets):
             idx = [i for i, o in enumerate(self.owner) if o == d]
             sizes = [groups[i].nbytes for i in idx]
             room = t.ledger.capacity - self.headroom[d] - (nonblock_bytes if d == 0 else 0)
-            if not idx or sum(sizes) <= room:
-                self.resident[d] += [groups[i] for i in idx]
-                continue
-            where = (f"{t.name}'s blocks {idx[0]}-{idx[-1]} need {format_bytes(sum(sizes))}"
-                     f" but its budget leaves {format_bytes(max(0, room))}")
-            if stream is None:
-                raise PlacementError(f"{self.component}: {where}; turn on stream_layers or "
-                                     f"give {t.name} fewer blocks")
-            if self.cplan.params not in ("cpu",):
-                raise PlacementError(f"{self.component}: {where}; streaming part of the range "
-                                     f"needs params=cpu")
-            k = streamed_split(sizes, room, depth)
+            k = self._planned_prefix(planned_k.get(t.name), sizes, room, depth, stream)
             if k is None:
-                raise PlacementError(f"{self.component}: {where}, too little even to stream "
-                                     f"them ({depth + 1} slots of the largest block); raise "
-                                     f"its budget")
+                if not idx or sum(sizes) <= room:
+                    k = len(idx)
+                else:
+                    where = (f"{t.name}'s blocks {idx[0]}-{idx[-1]} need "
+                             f"{format_bytes(sum(sizes))} but its budget leaves "
+                             f"{format_bytes(max(0, room))}")
+                    if stream is None:
+                        raise PlacementError(f"{self.component}: {where}; turn on "
+                                             f"stream_layers or give {t.name} fewer blocks")
+                    k = streamed_split(sizes, room, depth)
+                    if k is None:
+                        raise PlacementError(f"{self.component}: {where}, too little even to "
+                                             f"stream them ({depth + 1} slots of the largest "
+                                             f"block); raise its budget")
             self.resident[d] += [groups[i] for i in idx[:k]]
             streamed = idx[k:]
+            if not streamed:
+                continue
+            if self.cplan.params != "cpu":
+                raise PlacementError(f"{self.component}: streaming part of {t.name}'s range "
+                                     f"needs params=cpu, the plan has params="
+                                     f"{self.cplan.params}")
             sources = []
             for i in streamed:
                 host = self.pool.alloc(groups[i].nbytes)
@@ -131,6 +137,26 @@ class LayerSplit(SplitBase):
                       for i in range(len(self.owner))]
         self.exit_needed = self.owner[-1] != 0
         self.boundaries = sum(self.entry) + int(self.exit_needed)
+
+    def _planned_prefix(self, planned, sizes, room, depth, stream):
+        """auto-fit's resident prefix for this device's range ([resident, of blocks]),
+        when it has one that matches the range and fits; None: decide here."""
+        if stream is None or not planned or not sizes:
+            return None
+        k, of = int(planned[0]), int(planned[1])
+        if of != len(sizes) or not 0 <= k <= of:
+            warnings.warn(f"{self.component}: the plan's stream prefix {planned} does not "
+                          f"match a range of {len(sizes)} blocks; sized from the budget",
+                          RuntimeWarning, stacklevel=5)
+            return None
+        rest = sizes[k:]
+        slots = (min(depth, len(rest) - 1) + 1) * max(rest) if rest else 0
+        if sum(sizes[:k]) + slots > room:
+            warnings.warn(f"{self.component}: the plan keeps {k} of {of} blocks resident, "
+                          f"which does not fit the budget here; sized from the budget",
+                          RuntimeWarning, stacklevel=5)
+            return None
+        return k
 
     def _ranges(self, groups, nonblock_bytes: int) -> List[int]:
         n = len(groups)
@@ -185,7 +211,8 @@ class LayerSplit(SplitBase):
         for s in self.streamers:
             s.begin_forward()
         if not self.mover.simulated:
-            return self.mover.bring(args, 0), self.mover.bring(kwargs, 0)
+            main = self.targets[0].device
+            return to_device(args, main), to_device(kwargs, main)
         return None
 
     def _block_pre(self, d, entry, ledger, module, args, kwargs):

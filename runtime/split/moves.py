@@ -73,7 +73,8 @@ class Mover:
         self.bytes += n
         if self.simulated:
             self.seconds += self.link.seconds(n)
-            setattr(out, self.tag, d)
+            if d:                         # untagged means main: outputs stay clean
+                setattr(out, self.tag, d)
         return out
 
     def bring(self, x, d: int):

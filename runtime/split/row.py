@@ -14,7 +14,7 @@ exactly its rows of the patch, and changing a strength never touches the weights
 The Linear's `forward` is overridden on the instance for the placement only.
 """
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,8 @@ from torch import nn
 
 from ...placement.errors import PlacementError
 from ..blocks import find_blocks
-from .base import SplitBase, make_group, seen_bytes
+from ..residency import Group
+from .base import SplitBase, make_group, seen_bytes, to_device
 
 MIN_ROWS = MIN_COLS = 256
 _MISSING = object()
@@ -76,6 +77,11 @@ class RowSplit(SplitBase):
             raise PlacementError(f"{self.component}: lora names {unknown[0]!r}, which is not a "
                                  f"Linear of the module; keys are Linear module names such as "
                                  f"'transformer_blocks.0.attn.to_q'")
+        for name, lin in linears:
+            if getattr(lin, "weight_function", None) or getattr(lin, "bias_function", None):
+                raise PlacementError(f"{self.component}: {name} carries weight patch functions "
+                                     f"(ComfyUI LoRA); row split applies LoRA only as lora="
+                                     f"{{name: [(up, down, scale)]}}, pass it that way")
         eligible_names = {n for n, _ in linears}
         # LoRA on a Linear that is not sharded: one full-row "shard" on the main device
         patched_only = [(n, named[n]) for n in lora if n not in eligible_names]
@@ -111,19 +117,15 @@ class RowSplit(SplitBase):
                      for up, down, s in self._check_lora(name, lin, lora[name])]
             self._layout.append((lin, [(0, None, None, loras)]))
 
-        from ..residency import Group
         self.resident = [[] for _ in self.targets]
         if main:
             self.resident[0].append(main)
-        self._shard_groups = []
         for d, pieces in enumerate(self._pieces):
             if pieces:
-                g = Group(f"row shards on {self.targets[d].name}", pieces,
-                          [[f"piece{i}"] for i in range(len(pieces))])
-                self.resident[d].append(g)
-                self._shard_groups.append(g)
-        self.rows = {self.targets[d].name: sum(1 for _, p in self._layout for s in p
-                                               if s[0] == d) for d in range(len(self.targets))}
+                self.resident[d].append(Group(f"row shards on {self.targets[d].name}", pieces,
+                                              [[f"piece{i}"] for i in range(len(pieces))]))
+        self.shard_counts = {t.name: sum(1 for _, p in self._layout for s in p if s[0] == d)
+                             for d, t in enumerate(self.targets)}
         self.sharded = len(linears)
 
     def _piece(self, d: int, t: torch.Tensor) -> int:
@@ -216,7 +218,8 @@ class RowSplit(SplitBase):
             last[0] = last[1] = None
         self.targets[0].ledger.set_activations(seen_bytes(args, kwargs), "forward inputs")
         if not self.mover.simulated:
-            return self.mover.bring(args, 0), self.mover.bring(kwargs, 0)
+            main = self.targets[0].device
+            return to_device(args, main), to_device(kwargs, main)
         return None
 
     def _root_post(self, module, args, output):
@@ -230,7 +233,7 @@ class RowSplit(SplitBase):
 
     def _more_stats(self) -> dict:
         return {"sharded_linears": getattr(self, "sharded", 0),
-                "shards_per_device": dict(getattr(self, "rows", {}))}
+                "shards_per_device": dict(getattr(self, "shard_counts", {}))}
 
 
 def fallback_warning(component: str, module: nn.Module) -> None:

@@ -76,6 +76,18 @@ def build_models(work):
             p.normal_(0.0, 0.05) if name.endswith("weight") else p.zero_()
     safetensors.torch.save_file({k: v.contiguous() for k, v in taesd.state_dict().items()},
                                 os.path.join(vae_dir, "tiny_taesd.safetensors"))
+    # a random LoRA for every Linear of the blocks (ComfyUI's generic key format)
+    lora_dir = os.path.join(work, "models", "loras")
+    os.makedirs(lora_dir, exist_ok=True)
+    lora, rank = {}, 4
+    for name, mod in flux.named_modules():
+        if isinstance(mod, torch.nn.Linear) and "blocks." in name:
+            base = f"diffusion_model.{name}"
+            lora[f"{base}.lora_down.weight"] = torch.randn(rank, mod.in_features) * 0.1
+            lora[f"{base}.lora_up.weight"] = torch.randn(mod.out_features, rank) * 0.1
+            lora[f"{base}.alpha"] = torch.tensor(float(rank))
+    safetensors.torch.save_file(lora, os.path.join(lora_dir, "tiny_flux_lora.safetensors"))
+    folder_paths.add_model_folder_path("loras", lora_dir, is_default=True)
     folder_paths.add_model_folder_path("diffusion_models", diffusion_dir, is_default=True)
     folder_paths.add_model_folder_path("vae", vae_dir, is_default=True)
 
@@ -131,7 +143,66 @@ class PlacementTestImageSink:
         return {}
 
 
+class PlacementTestKeepModel:
+    """Keeps a reference to a MODEL (e.g. Apply Placement's output) for inspection."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, model, tag):
+        KEPT[tag] = {"model": model}
+        return {}
+
+
+class PlacementTestKeepVae:
+    """Keeps a reference to a VAE (e.g. Apply Placement's output) for inspection."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"vae": ("VAE",), "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, vae, tag):
+        KEPT[tag] = {"vae": vae}
+        return {}
+
+
+class PlacementTestInterrupt:
+    """A clone of MODEL whose second double block asks ComfyUI to stop on its Nth call,
+    the way the UI's cancel button does (the flag, then ComfyUI's own check): an
+    interrupt in the middle of a step, with streamed blocks in flight."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "at_call": ("INT", {"default": 3})}}
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, model, at_call):
+        calls = [0]
+
+        def block(args, extra):
+            calls[0] += 1
+            if calls[0] == at_call:
+                comfy.model_management.interrupt_current_processing(True)
+                comfy.model_management.throw_exception_if_processing_interrupted()
+            out = extra["original_block"](args)
+            return out
+        m = model.clone()
+        m.set_model_patch_replace(block, "dit", "double_block", 1)
+        return (m,)
+
+
 TEST_NODES = {"PlacementTestConditioning": PlacementTestConditioning,
+              "PlacementTestKeepModel": PlacementTestKeepModel,
+              "PlacementTestKeepVae": PlacementTestKeepVae,
+              "PlacementTestInterrupt": PlacementTestInterrupt,
               "PlacementTestKeep": PlacementTestKeep,
               "PlacementTestImageSink": PlacementTestImageSink}
 
@@ -239,6 +310,7 @@ async def start_comfy(pack_dir, work):
 
 
 def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run", keep=False,
+             lora=None, interrupt_at=None, keep_placed=False, batch=1, keep_placed_vae=False,
              **flags):
     """UNETLoader + VAELoader -> [Backend Assignment -> Apply Placement] -> KSampler ->
     VAEDecode -> sink, plus the keep node on the loaders' own outputs."""
@@ -250,11 +322,15 @@ def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run"
         "3": {"class_type": "PlacementTestConditioning", "inputs": {"seed": 1}},
         "4": {"class_type": "PlacementTestConditioning", "inputs": {"seed": 2}},
         "5": {"class_type": "EmptySD3LatentImage",
-              "inputs": {"width": WIDTH, "height": HEIGHT, "batch_size": 1}},
+              "inputs": {"width": WIDTH, "height": HEIGHT, "batch_size": batch}},
     }
     if keep:
         prompt["20"] = {"class_type": "PlacementTestKeep",
                         "inputs": {"model": model, "vae": vae, "tag": tag}}
+    if lora == "before":
+        prompt["30"] = {"class_type": "LoraLoaderModelOnly", "inputs": {
+            "model": model, "lora_name": "tiny_flux_lora.safetensors", "strength_model": 0.8}}
+        model = ["30", 0]
     if placed:
         inputs = {"backend": backend, "params_backend": params_backend, "max_vram": "",
                   "split_mode": "", "stream_layers": False, "auto_fit": False,
@@ -265,6 +341,20 @@ def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run"
         prompt["11"] = {"class_type": "PlacementApply",
                         "inputs": {"placement": ["10", 0], "model": model, "vae": vae}}
         model, vae = ["11", 0], ["11", 2]
+        if keep_placed_vae:
+            prompt["22"] = {"class_type": "PlacementTestKeepVae",
+                            "inputs": {"vae": vae, "tag": tag + "_vae"}}
+        if keep_placed:
+            prompt["21"] = {"class_type": "PlacementTestKeepModel",
+                            "inputs": {"model": model, "tag": tag}}
+    if lora == "after":
+        prompt["31"] = {"class_type": "LoraLoaderModelOnly", "inputs": {
+            "model": model, "lora_name": "tiny_flux_lora.safetensors", "strength_model": 0.8}}
+        model = ["31", 0]
+    if interrupt_at is not None:
+        prompt["32"] = {"class_type": "PlacementTestInterrupt",
+                        "inputs": {"model": model, "at_call": interrupt_at}}
+        model = ["32", 0]
     prompt["6"] = {"class_type": "KSampler", "inputs": {
         "model": model, "seed": 3, "steps": 2, "cfg": 2.0, "sampler_name": "euler",
         "scheduler": "simple", "positive": ["3", 0], "negative": ["4", 0],
@@ -330,18 +420,21 @@ def adapter_facts(model, vae):
                     "patcher_is_new": placed_vae.patcher is not vae.patcher}
     facts["original_unchanged"] = {"model": model_state(model) == model_before,
                                    "vae": vae_state(vae) == vae_before}
-    refusals = {}
+    refusals, engine = {}, {}
     inv = placement.Inventory.simulated("cuda0=8GiB,cuda1=8GiB")
-    for label, spec in (("split", placement.PlacementSpec(backend="diffusion=cuda0&cuda1")),
+    for label, spec in (("split", placement.PlacementSpec(backend="cuda0&cuda1")),
                         ("disk", placement.PlacementSpec(params_backend="diffusion=disk")),
                         ("stream", placement.PlacementSpec(backend="cuda0", stream_layers=True)),
                         ("simulated", placement.PlacementSpec(backend="cuda1"))):
         plan = placement.plan(spec, inv)
-        try:
-            targets.target_for(plan, "diffusion", inv)
-            refusals[label] = None
-        except ValueError as exc:
-            refusals[label] = f"{type(exc).__name__}: {exc}"
+        engine[label] = targets.needs_engine(plan.components["diffusion"], inv)
+        for comp in ("te", "vae"):
+            try:
+                targets.target_for(plan, comp, inv)
+                refusals[f"{comp}_{label}"] = None
+            except ValueError as exc:
+                refusals[f"{comp}_{label}"] = f"{type(exc).__name__}: {exc}"
+    facts["engine"] = engine
     facts["refusals"] = refusals
     return facts
 
@@ -476,6 +569,129 @@ def adapter_type_facts():
     return facts
 
 
+STREAM_INVENTORY = "cuda0=6MiB"     # the tiny Flux is 6.9 MiB: it cannot sit on cuda0 whole
+SPLIT_INVENTORY = "cuda0=5MiB,cuda1=5MiB"
+
+
+def session_facts(tag):
+    """The engine session of a placed MODEL kept under `tag`: runs and ledger figures."""
+    model = KEPT.get(tag, {}).get("model")
+    if model is None:
+        return None
+    session = model.get_attachment("placement")
+    if session is None:
+        return {"session": False}
+    stats = session.last_stats or {}
+    return {"session": True, "runs": session.runs, "open": session.placed is not None,
+            "patcher_class": type(model).__name__,
+            "load_device": str(model.load_device), "offload_device": str(model.offload_device),
+            "stats": jsonable(stats)}
+
+
+def vae_budget_kib():
+    """TAESD's weights plus room for one 16x8x8 float32 latent and a half, in KiB."""
+    path = os.path.join(ARGS.work, "models", "vae", "tiny_taesd.safetensors")
+    weights = sum(v.numel() * v.element_size()
+                  for v in safetensors.torch.load_file(path).values())
+    return (weights + 6 * 1024) // 1024 + 1
+
+
+def vae_calls(tag):
+    vae = KEPT.get(tag, {}).get("vae")
+    session = vae.patcher.get_attachment("placement") if vae is not None else None
+    if session is None:
+        return None
+    return [{"method": c["method"], "outcome": c["outcome"],
+             "peak": c["stats"]["devices"]["cuda1"]["peak_bytes"],
+             "capacity": c["stats"]["devices"]["cuda1"]["capacity_bytes"]}
+            for c in session.calls]
+
+
+def module_weights(model):
+    return {k: v.detach().to("cpu", copy=True)
+            for k, v in model.model.diffusion_model.state_dict().items()}
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def compare(tag, ref_tag):
+    if tag not in SINK or ref_tag not in SINK:
+        return None
+    ref, got = SINK[ref_tag], SINK[tag]
+    return {"equal": bool(torch.equal(ref, got)), "max_abs_diff": float((ref - got).abs().max()),
+            "finite": bool(torch.isfinite(got).all()), "std": float(got.std())}
+
+
+async def streaming_scenarios(executor, loader_model):
+    """Apply Placement streaming ComfyUI's own Flux through the pack's engine on a
+    simulated cuda0 smaller than the model (the diagnostic inventory)."""
+    out = {}
+    weights_before = module_weights(loader_model)
+    state_before = model_state(loader_model)
+    base = {"backend": "diffusion=cuda0,vae=cpu", "stream_layers": True}
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = STREAM_INVENTORY
+    try:
+        for residency in ("cpu", "disk"):
+            tag = f"stream_{residency}"
+            out[tag] = await run_prompt(executor, pipeline(
+                params_backend=f"diffusion={residency}", tag=tag, keep_placed=True, **base), tag)
+            out[tag + "_session"] = session_facts(tag)
+            out[tag + "_image"] = compare(tag, "reference")
+        # LoRA: ComfyUI's own (fused, resident) run is the reference
+        out["lora_reference"] = await run_prompt(executor, pipeline(
+            placed=False, lora="before", tag="lora_reference"), "lora_reference")
+        for where, residency in (("before", "cpu"), ("after", "disk")):
+            tag = f"lora_{where}_{residency}"
+            out[tag] = await run_prompt(executor, pipeline(
+                params_backend=f"diffusion={residency}", lora=where, tag=tag, keep_placed=True,
+                **base), tag)
+            out[tag + "_session"] = session_facts(tag)
+            out[tag + "_image"] = compare(tag, "lora_reference")
+            out[tag + "_vs_plain"] = compare(tag, "reference")
+        # an interrupt in the middle of a step, then a rerun of the same placement
+        out["interrupted"] = await run_prompt(executor, pipeline(
+            params_backend="diffusion=cpu", interrupt_at=2, tag="interrupted", keep_placed=True,
+            **base), "interrupted")
+        out["interrupted_session"] = session_facts("interrupted")
+        out["interrupted_messages"] = [e for e, _ in server.PromptServer.instance.messages
+                                       if e.startswith("execution_")]
+        out["weights_after_interrupt"] = same_weights(weights_before,
+                                                      module_weights(loader_model))
+        out["rerun"] = await run_prompt(executor, pipeline(
+            params_backend="diffusion=cpu", tag="rerun", keep_placed=True, **base), "rerun")
+        out["rerun_session"] = session_facts("rerun")
+        out["rerun_image"] = compare("rerun", "reference")
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+    # a split over two simulated devices, each smaller than the model
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = SPLIT_INVENTORY
+    try:
+        for mode in ("layer", "row"):
+            tag = f"split_{mode}"
+            out[tag] = await run_prompt(executor, pipeline(
+                backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+                split_mode=mode, tag=tag, keep_placed=True), tag)
+            out[tag + "_session"] = session_facts(tag)
+            out[tag + "_image"] = compare(tag, "reference")
+        out["split_layer_lora"] = await run_prompt(executor, pipeline(
+            backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+            lora="before", tag="split_layer_lora", keep_placed=True), "split_layer_lora")
+        out["split_layer_lora_image"] = compare("split_layer_lora", "lora_reference")
+        out["split_row_lora"] = await run_prompt(executor, pipeline(
+            backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+            split_mode="row", lora="before", tag="split_row_lora"), "split_row_lora")
+        out["split_row_lora_image"] = compare("split_row_lora", "lora_reference")
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+    out["original_unchanged"] = model_state(loader_model) == state_before
+    out["original_weights_unchanged"] = same_weights(weights_before, module_weights(loader_model))
+    out["model_bytes"] = sum(p.numel() * p.element_size()
+                             for p in loader_model.model.diffusion_model.parameters())
+    return out
+
+
 def jsonable(x):
     return json.loads(json.dumps(x, default=str))
 
@@ -505,6 +721,9 @@ async def main():
     # 1. a reference run without placement (same seeds) and the loaders' objects before
     RESULTS["reference"] = await run_prompt(executor, pipeline(placed=False, tag="reference", keep=True),
                                             "reference")
+    if os.environ.get("PLACEMENT_DRIVER_ONLY") == "streaming":     # quicker while developing
+        RESULTS["streaming"] = await streaming_scenarios(executor, KEPT["reference"]["model"])
+        return
     # 2. the placed run: diffusion and VAE on chosen devices, params on cpu
     with ForwardRecorder() as rec:
         RESULTS["placed"] = await run_prompt(
@@ -543,20 +762,45 @@ async def main():
     RESULTS["missing_strict"] = await run_prompt(
         executor, pipeline(backend="diffusion=cuda7", strict=True, tag="strict"),
         "missing_strict")
-    # 5. plans the adapter cannot execute yet are node errors naming the missing issue
+    # 5. params on disk, computed on the cpu: the engine reads the weights from the file
     RESULTS["disk_params"] = await run_prompt(
-        executor, pipeline(params_backend="diffusion=disk", tag="disk"), "disk_params")
+        executor, pipeline(params_backend="diffusion=disk", tag="disk", keep_placed=True),
+        "disk_params")
+    RESULTS["disk_params_image"] = compare("disk", "reference")
+    RESULTS["disk_params_session"] = session_facts("disk")
     # 5b. auto-fit decides what is unset, for the models connected to Apply Placement
     RESULTS["auto_fit"] = await run_prompt(executor, pipeline(auto_fit=True, tag="fit"),
                                            "auto_fit")
-    # 6. the diagnostic simulated inventory: planning works, executing on it is refused
+    # 6. the diagnostic simulated inventory: the engine runs the diffusion model there
     os.environ["COMFYUI_PLACEMENT_SIMULATE"] = "cuda0=1GiB,cuda1=512MiB"
     try:
         RESULTS["simulated_devices"] = await run_prompt(executor, devices_prompt(), "sim_dev")
         RESULTS["simulated_apply"] = await run_prompt(
-            executor, pipeline(backend="diffusion=cuda1,vae=cpu", tag="sim"), "sim_apply")
+            executor, pipeline(backend="diffusion=cuda1,vae=cpu", tag="sim", keep_placed=True),
+            "sim_apply")
+        RESULTS["simulated_apply_image"] = compare("sim", "reference")
+        RESULTS["simulated_apply_session"] = session_facts("sim")
+        RESULTS["simulated_vae"] = await run_prompt(
+            executor, pipeline(backend="diffusion=cuda1,vae=cuda0", tag="sim_vae"), "sim_vae")
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+    # 6b. the VAE on a simulated device whose budget fits its weights and one latent, not
+    # four: ComfyUI's decode runs out of memory and retries tiled (one latent per call)
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = f"cuda0=6MiB,cuda1={vae_budget_kib()}KiB"
+    try:
+        RESULTS["vae_reference"] = await run_prompt(
+            executor, pipeline(placed=False, batch=4, tag="vae_reference"), "vae_reference")
+        RESULTS["vae_tiled"] = await run_prompt(executor, pipeline(
+            backend="diffusion=cpu,vae=cuda1", batch=4, tag="vae_tiled", keep_placed_vae=True),
+            "vae_tiled")
+        RESULTS["vae_tiled_image"] = compare("vae_tiled", "vae_reference")
+        RESULTS["vae_tiled_calls"] = vae_calls("vae_tiled_vae")
+        RESULTS["vae_budget_kib"] = vae_budget_kib()
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+    # 7. streaming through the pack's engine inside ComfyUI
+    if before:
+        RESULTS["streaming"] = await streaming_scenarios(executor, before["model"])
 
 
 if __name__ == "__main__":

@@ -232,7 +232,7 @@ def test_explicit_placement_that_cannot_fit_is_an_error():
         run("cuda0=12GiB,cpu=64GiB", infos, request(diffusion=Choice(["cuda0"], "cuda0", None)))
 
 
-# -- presets ----------------------------------------------------------------------------------------
+# -- presets ---------------------------------------------------------------------------------
 
 def _set():
     return {"diffusion": info("diffusion", 10, GiB, headroom=GiB),
@@ -341,9 +341,16 @@ def test_components_that_fit_alone_but_not_together():
     infos = {"diffusion": info("diffusion", 10, GiB, headroom=GiB),
              "te": info("te", 14, GiB, headroom=GiB)}
     req = request(diffusion=Choice(["cuda0"], "cuda0", None), te=Choice(["cuda0"], "cuda0", None))
-    with pytest.raises(PlacementError, match=r"one at a time but not together.*with 1\.50 GiB more"):
+    with pytest.raises(PlacementError,
+                       match=r"one at a time but not together.*with 1\.50 GiB more"):
         run("cuda0=24GiB,cpu=64GiB", infos, req)
     run("cuda0=25.5GiB,cpu=64GiB", infos, req)
+
+
+@pytest.mark.parametrize("mode", ["auto", "none", "model", "balanced", "sequential"])
+def test_without_a_gpu_every_preset_computes_on_the_cpu(mode):
+    p = run("cpu=64GiB", _set(), offload_mode=mode)
+    assert all(cp.runtime == ["cpu"] for cp in p.components.values() if cp.present)
 
 
 def test_host_ram_too_small_for_cpu_runtime():

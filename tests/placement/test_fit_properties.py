@@ -43,7 +43,8 @@ def inventories(draw, min_gpus=0, max_gpus=3, same=False):
     for i in range(n):
         if not same:
             total = draw(st.integers(4, 192)) * GiB // 4
-        parts.append(f"cuda{i}={total}B/{total if same else draw(st.integers(1, total // MiB)) * MiB}B")
+        free = total if same else draw(st.integers(1, total // MiB)) * MiB
+        parts.append(f"cuda{i}={total}B/{free}B")
     parts.append(f"cpu={draw(st.integers(8, 128))}GiB")
     return ",".join(parts)
 
@@ -100,7 +101,19 @@ def recount(plan, infos):
             add("cpu", info.total_bytes)
         if cp.params not in ("cpu", "disk") and not persistent:     # rests on another GPU
             add(cp.params, info.total_bytes)
-        if cp.is_split and cp.blocks:
+        per_device = fit_comps[comp]["stream_per_device"]
+        if cp.is_split and cp.blocks and per_device:     # each device streams its range's tail
+            assert cp.stream is not None and not persistent
+            for i, (dev, (first, last)) in enumerate(cp.blocks.items()):
+                k, count = per_device[dev]
+                assert count == last - first + 1
+                rest = sizes[first + k:last + 1]
+                depth = cp.stream.prefetch_depth
+                slots = (min(depth, len(rest) - 1) + 1) * max(rest) if rest else 0
+                held = sum(sizes[first:first + k]) + slots + (non_block if i == 0 else 0)
+                add(dev, held + hr, phase)
+            assert cp.resident_bytes + cp.streamed_bytes == info.total_bytes
+        elif cp.is_split and cp.blocks:
             for i, (dev, (first, last)) in enumerate(cp.blocks.items()):
                 held = sum(sizes[first:last + 1]) + (non_block if i == 0 else 0)
                 add(dev, held, None if persistent else phase)
@@ -162,7 +175,7 @@ def test_no_plan_exceeds_a_budget_and_explicit_choices_are_kept(data):
             assert cp.params == choice.params
         if choice.split_mode is not None:
             assert cp.split_mode == choice.split_mode
-        if mode == "none" and choice.params is None and choice.runtime != ["cpu"]:
+        if mode == "none" and choice.params is None and choice.runtime != ["cpu"] and gpus:
             assert cp.params not in ("cpu", "disk") and cp.stream is None
         if mode == "sequential" and cp.stream is not None:
             assert cp.stream.resident_blocks == 0

@@ -283,3 +283,13 @@ def test_gguf_text_encoder_with_llama_cpp_names(tmp_path):
     assert info.blocks[1].nbytes == per_block
     assert info.blocks[0].nbytes == per_block + 32 * 8 * 2
     assert "t5: 512 tokens x (8 x 64 + 3 x 160)" in info.headroom_basis
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=120))
+def test_fuzz_gguf_bodies_raise_only_placement_error(tmp_path, body):
+    path = _hostile(tmp_path, "f.gguf", b"GGUF" + struct.pack("<I", 3) + body)
+    try:
+        read_gguf(path)
+    except PlacementError as e:
+        assert "\n" not in str(e)

@@ -24,8 +24,9 @@ def test_json_v1_keys_and_round_trip(seed_inventory):
     assert set(comp) >= {"runtime", "params", "split_mode", "stream", "blocks", "resident_bytes",
                          "streamed_bytes", "reasons"}
     assert comp["runtime"] == ["cuda0", "cuda1"]
-    # proportional to budgets 6:2 over 10 equal blocks
-    assert comp["blocks"] == {"cuda0": [0, 7], "cuda1": [8, 9]}
+    # proportional to budgets 6:2 over 10 blocks of 1 GiB, the main device also holding
+    # the 0.5 GiB of non-block weights: 5.5:2 -> 7.33 blocks on cuda0
+    assert comp["blocks"] == {"cuda0": [0, 6], "cuda1": [7, 9]}
     assert data["components"]["vae"]["params"] == "disk"
     again = Plan.from_json(p.to_json())
     assert again.to_json() == p.to_json()

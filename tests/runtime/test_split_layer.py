@@ -1,7 +1,6 @@
 """Layer split on simulated devices: bit-identical to one device, hops at range
 boundaries only, side tensors moved once per boundary, streaming on a device whose
 range exceeds its budget, exact restore (also after an out-of-memory)."""
-import warnings
 
 import pytest
 import torch
@@ -117,6 +116,7 @@ def test_layer_split_bit_identical_and_hops(arch, ndev, tiny, run_model):
         out1 = run_model(model, inp)
         out2 = run_model(model, inp)
     assert torch.equal(out1, ref) and torch.equal(out2, ref)
+    assert not [k for k in out1.__dict__ if k.startswith("_placement")]   # no tags leak
     assert_restored(model, snap)
     s = placed.stats()
     n = len(find_blocks(model))
@@ -296,3 +296,86 @@ def test_split_needs_several_devices_and_known_mode(tiny):
         with place_split(model, split_plan(["cuda0", "cuda1"], [1 << 20] * 2, params="disk"),
                          "diffusion", inv):
             pass
+
+
+class T5Like(torch.nn.Module):
+    """A text-encoder pattern: the first block makes a position bias that every later
+    block reuses (ComfyUI's T5 passes it along beside the hidden state)."""
+
+    class Block(torch.nn.Module):
+        def __init__(self, first, width):
+            super().__init__()
+            self.lin = torch.nn.Linear(width, width)
+            self.bias_table = torch.nn.Parameter(torch.randn(6, 6)) if first else None
+
+        def forward(self, x, bias=None):
+            if bias is None:
+                bias = self.bias_table.softmax(-1)
+            return torch.tanh(self.lin(bias @ x)), bias
+
+    def __init__(self, n=5, width=8):
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, width)
+        self.block = torch.nn.ModuleList(self.Block(i == 0, width) for i in range(n))
+        self.final = torch.nn.LayerNorm(width)
+
+    def forward(self, ids):
+        x, bias = self.embed(ids), None
+        for b in self.block:
+            x, bias = b(x, bias)
+        return self.final(x)
+
+
+def test_text_encoder_pattern_split_over_three():
+    torch.manual_seed(0)
+    model = T5Like().eval()
+    ids = torch.randint(0, 20, (2, 6))
+    with torch.no_grad():
+        ref = model(ids)
+    plan = split_plan(["cuda0", "cuda1", "cuda2"], [1 << 20] * 3,
+                      blocks={"cuda0": [0, 1], "cuda1": [2, 3], "cuda2": [4, 4]})
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
+        with torch.no_grad():
+            out = model(ids)
+    assert torch.equal(out, ref)
+    s = placed.stats()
+    assert s["hops"] == 3 and s["hop_copies"] == 2 + 2 + 2    # (x, bias) at each crossing
+
+
+def test_real_device_code_path_on_two_host_devices(tiny, run_model):
+    """The non-simulated path (device checks by tensor.device, no tags) on two devices
+    that are both the host: nothing has to move, the output is the same."""
+    from comfyui_placement.placement.devices import Device
+    model, inp = tiny("flux")
+    ref = run_model(model, inp)
+    inv = Inventory([Device("host0", "cpu", 1 << 30, 1 << 30, torch_device="cpu"),
+                     Device("host1", "cpu", 1 << 30, 1 << 30, torch_device="cpu")])
+    devices = [DevicePlan(n, "cpu", 1 << 30, 1 << 30, 1 << 20) for n in ("host0", "host1")]
+    plan = Plan(devices, {"diffusion": ComponentPlan("diffusion", ["host0", "host1"], "host0")})
+    with place_split(model, plan, "diffusion", inv) as placed:
+        assert torch.equal(run_model(model, inp), ref)
+    s = placed.stats()
+    assert set(s["ranges"]) == {"host0", "host1"} and s["hop_copies"] == 0
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_two_devices_stream_their_ranges(depth):
+    torch.manual_seed(0)
+    model = T5Like(n=12, width=64).eval()
+    ids = torch.randint(0, 20, (2, 6))
+    with torch.no_grad():
+        ref = model(ids)
+    size = sum(p.numel() * 4 for p in model.block[1].parameters())
+    budget = (depth + 1) * size + 8 * 1024     # the ring and activations, not 4 blocks
+    assert budget < 4 * size
+    plan = split_plan(["cuda0", "cuda1", "cuda2"], [8 << 20, budget, budget], params="cpu",
+                      stream=(0, depth),
+                      blocks={"cuda0": [0, 3], "cuda1": [4, 7], "cuda2": [8, 11]})
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
+        for _ in range(2):
+            with torch.no_grad():
+                assert torch.equal(model(ids), ref)
+        s = placed.stats()
+    assert s["streamed_blocks"] == {"cuda1": 4, "cuda2": 4}
+    for dev in s["devices"].values():
+        assert dev["peak_bytes"] <= dev["capacity_bytes"]

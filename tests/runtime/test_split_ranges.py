@@ -1,6 +1,5 @@
 """Layer split ranges: contiguous, in runtime order, each device's bytes within one
 block of its share of (budget - headroom), nothing for a device with zero budget."""
-import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from torch import nn

@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 
 from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.errors import PlacementError
@@ -128,7 +127,7 @@ def test_row_split_with_runtime_lora_matches_fused(model_and_input):
     assert not close(plain, ref)                          # the LoRA changes the output
     with place_split(model, split_plan(["cuda0", "cuda1", "cuda2"],
                                        [64 << 20, 32 << 20, 32 << 20]),
-                     "diffusion", Inventory.simulated(INVENTORY), lora=lora) as placed:
+                     "diffusion", Inventory.simulated(INVENTORY), lora=lora):
         out = run(model, inp)
     assert close(out, ref)
     assert torch.equal(run(model, inp), plain)            # the weights never took the patch
@@ -146,6 +145,19 @@ def test_lora_shape_mismatch_refused(model_and_input):
         with place_split(model, split_plan(["cuda0", "cuda1"], [64 << 20] * 2), "diffusion",
                          Inventory.simulated(INVENTORY), lora={"nope": []}):
             pass
+
+
+def test_weight_patch_functions_refused_not_dropped(model_and_input):
+    model, _ = model_and_input
+    name, lin = eligible_linears(model)[0]
+    lin.weight_function = [lambda w: w * 2]               # ComfyUI's runtime patch list
+    try:
+        with pytest.raises(PlacementError, match="weight patch functions"):
+            with place_split(model, split_plan(["cuda0", "cuda1"], [64 << 20] * 2),
+                             "diffusion", Inventory.simulated(INVENTORY)):
+                pass
+    finally:
+        del lin.weight_function
 
 
 def test_no_eligible_weight_falls_back_to_layer_split_with_warning(tiny, run_model):

@@ -1,0 +1,187 @@
+"""A diffusion model run by the pack's engine (runtime.place) inside ComfyUI's sampler.
+
+`place_model_with_engine(model, plan, inventory)` returns a clone of the MODEL that:
+- loads through ComfyUI's memory manager without moving its weights or fusing its
+  LoRA patches (engine_patcher.EngineLoad);
+- holds one placement (runtime.place) for a whole sampling run: opened at the first
+  model call (after ComfyUI's load, WrappersMP.APPLY_MODEL) and closed when the run
+  ends (WrappersMP.OUTER_SAMPLE), also when it raised or was interrupted, and when
+  ComfyUI detaches (unloads) the model. Resident blocks thus stay across steps and are
+  released before VAE decode. Leaving the placement restores the module's tensors.
+
+The session is an attachment of the clone ("placement"), so clones made after Apply
+Placement (a LoRA loader, a patch node) share it; `session.last_stats` holds the
+ledger figures of the last run (runtime.place stats()).
+"""
+import logging
+import uuid
+from typing import List, Optional, Tuple
+
+import torch
+
+import comfy.patcher_extension as ext
+import comfy.sd
+
+from ...placement.errors import PlacementError
+from ...runtime.place import place
+from .engine_patcher import engine_patcher_class
+from .inference import make_weights_normal
+
+KEY = "placement"
+log = logging.getLogger("comfyui-placement")
+
+
+def diffusion_file(patcher) -> Optional[str]:
+    """The file a MODEL was loaded from, when a core loader recorded it."""
+    init = getattr(patcher, "cached_patcher_init", None)
+    if not init:
+        return None
+    fn, args = init[0], init[1]
+    if fn is comfy.sd.load_diffusion_model or fn is comfy.sd.load_checkpoint_guess_config:
+        return args[0]
+    return None
+
+
+def file_key_map(path: str, module) -> callable:
+    """Module tensor name -> file key: diffusion-model files store the names bare,
+    checkpoints under a prefix."""
+    from safetensors import safe_open
+    if not path.lower().endswith(".safetensors"):
+        return lambda k: k
+    with safe_open(path, framework="pt") as fh:
+        keys = set(fh.keys())
+    probe = next((n for n, _ in module.named_parameters()), None)
+    for prefix in ("", "model.diffusion_model.", "diffusion_model.", "model."):
+        if probe is None or prefix + probe in keys:
+            return (lambda k: k) if not prefix else (lambda k, p=prefix: p + k)
+    raise PlacementError(f"params disk: {path} does not hold this model's tensors "
+                         f"(no {probe!r} under a known prefix); load the model from a "
+                         f"safetensors file with a core loader")
+
+
+class EngineSession:
+    """The plan for one MODEL and, during a sampling run, its live placement."""
+
+    def __init__(self, plan, component: str, inventory, weights_file: Optional[str]):
+        self.plan = plan
+        self.component = component
+        self.inventory = inventory
+        self.weights_file = weights_file
+        self.placed = None
+        self.last_stats = None
+        self.runs = 0
+        self.patched = False          # the sampled patcher carries weight patches (LoRA)
+
+    # ComfyUI copies attachments into clones with this hook; one session per module.
+    def on_model_patcher_clone(self):
+        return self
+
+    def outer_sample(self, executor, *args, **kwargs):
+        self.patched = bool(getattr(executor.class_obj.model_patcher, "patches", None))
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            self.close()
+
+    def apply_model(self, executor, *args, **kwargs):
+        if self.placed is None:
+            self.open(executor.class_obj.diffusion_model)
+        return executor(*args, **kwargs)
+
+    def on_detach(self, patcher, unpatch_all):
+        self.close()
+
+    def open(self, module) -> None:
+        options = {}
+        if self.plan.components[self.component].params == "disk":
+            if not self.weights_file:
+                raise PlacementError(f"{self.component}: params disk needs the model's file "
+                                     f"and this MODEL does not come from a core loader "
+                                     f"that records it (Load Diffusion Model, Load "
+                                     f"Checkpoint); use params cpu")
+            options = {"weights_file": self.weights_file,
+                       "key_map": file_key_map(self.weights_file, module)}
+        cp = self.plan.components[self.component]
+        make_weights_normal(module)          # see inference.py
+        if cp.is_split:
+            from ...runtime.split import RowSplit, place_split
+            if cp.split_mode == "row" and self.patched and RowSplit.applies(module, None):
+                raise PlacementError(
+                    f"{self.component}: row split with LoRA patches is not wired to "
+                    f"ComfyUI's patches yet (the sharded layers would skip them); use "
+                    f"split_mode layer, or apply the LoRA without row split")
+            placed = place_split(module, self.plan, self.component, self.inventory,
+                                 **options)
+        else:
+            placed = place(module, self.plan, self.component, self.inventory, **options)
+        # ComfyUI samples under inference_mode; buffers made there would be inference
+        # tensors, which the engine's copy thread (outside inference mode) may not write.
+        with torch.inference_mode(False):
+            placed.__enter__()
+        self.placed = placed
+        self.runs += 1
+
+    def close(self) -> None:
+        placed, self.placed = self.placed, None
+        if placed is None:
+            return
+        with torch.inference_mode(False):
+            placed.__exit__(None, None, None)
+        self.last_stats = placed.stats()
+        dev = next(iter(self.last_stats["devices"].items()), None)
+        if dev:
+            name, d = dev
+            log.info("placement %s on %s: peak %d of %d bytes, %d bytes copied in",
+                     self.component, name, d.get("peak_bytes", 0),
+                     d.get("capacity_bytes", 0), d.get("h2d_bytes", 0))
+
+
+def engine_clone(patcher, load_device, offload_device, what: str):
+    """A clone with the engine's load policy. DynamicVRAM patchers are rebuilt as plain
+    ones (the engine, not DynamicVRAM, decides what is on the device)."""
+    notes: List[str] = []
+    if patcher.is_dynamic():
+        try:
+            clone = patcher.clone(disable_dynamic=True)
+        except RuntimeError as exc:
+            raise PlacementError(
+                f"{what}: its DynamicVRAM patcher must be rebuilt as a plain one for the "
+                f"pack's engine and its loader cannot rebuild it ({exc}); use a core loader "
+                f"or run ComfyUI with --disable-dynamic-vram") from None
+        notes.append(f"{what}: DynamicVRAM off for this copy (the pack's engine places it)")
+    else:
+        clone = patcher.clone()
+    clone.__class__ = engine_patcher_class(type(clone))
+    clone.load_device = load_device
+    clone.offload_device = offload_device
+    # ComfyUI then unpatches weights a sibling clone fused, before our load (patchers.py)
+    clone.patches_uuid = uuid.uuid4()
+    return clone, notes
+
+
+def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
+    cp = plan.components["diffusion"]
+    device = inventory.get(cp.main_device)
+    load = torch.device("cpu") if device.simulated else torch.device(device.torch_device)
+    clone, notes = engine_clone(model, load, torch.device("cpu"), "diffusion")
+    session = EngineSession(plan, "diffusion", inventory, diffusion_file(model))
+    clone.set_attachments(KEY, session)
+    clone.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, KEY, session.outer_sample)
+    clone.add_wrapper_with_key(ext.WrappersMP.APPLY_MODEL, KEY, session.apply_model)
+    clone.add_callback_with_key(ext.CallbacksMP.ON_DETACH, KEY, session.on_detach)
+    on = "&".join(cp.runtime)
+    mode = ("streamed" if cp.stream is not None else "placed") + \
+        f" by the pack's engine on {on}"
+    if cp.is_split:
+        mode += f" ({cp.split_mode} split, main device {cp.main_device})"
+    if cp.stream is not None:
+        mode += (f" (first {cp.stream.resident_blocks} blocks resident, prefetch depth "
+                 f"{cp.stream.prefetch_depth}, weights rest on {cp.params})")
+    else:
+        mode += f" (weights rest on {cp.params})"
+    notes.append(f"diffusion: {mode}; LoRA patches applied at run time")
+    simulated = [n for n in cp.runtime if inventory.get(n).simulated]
+    if simulated:
+        notes.append(f"diffusion: {', '.join(simulated)} simulated (diagnostic): compute on "
+                     f"the cpu, capacity and copies modelled")
+    return clone, notes

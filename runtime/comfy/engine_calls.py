@@ -1,0 +1,128 @@
+"""Components called outside the sampler (the VAE), placed by the pack's engine per call.
+
+ComfyUI's VAE calls `first_stage_model.decode(...)` / `.encode(...)` directly. The
+placed VAE copy gets a proxy as its `first_stage_model`: each decode/encode runs the
+method through a small nn.Module (so the engine's root hooks see the call's inputs)
+inside one placement (runtime.place), which is left when the call returns or raises.
+An out-of-memory on the device's budget (the ledger counts the weights and the call's
+inputs) thus reaches ComfyUI's own handler in VAE.decode, which retries tiled; each
+tile is a smaller call that fits. The module itself is shared with the given VAE and
+never changed (the proxy and the wrapper only belong to the copy).
+
+This path runs VAE plans ComfyUI's patcher cannot (simulated devices, params disk);
+each call loads the weights for that call, which is what params cpu/disk means for a
+VAE anyway (stable-diffusion.cpp's offload), at the price of a reload per tile.
+"""
+import copy
+import logging
+from typing import List, Tuple
+
+import torch
+
+from ...placement.errors import PlacementError
+from ...runtime.place import place
+from .engine import engine_clone
+from .inference import make_weights_normal
+
+log = logging.getLogger("comfyui-placement")
+WRAPPED = "inner."               # name prefix of the module's tensors inside the wrapper
+
+
+class MethodCall(torch.nn.Module):
+    """forward = one method of `inner` (decode, encode)."""
+
+    def __init__(self, inner: torch.nn.Module, method: str):
+        super().__init__()
+        self.inner = inner
+        self.method = method
+
+    def forward(self, *args, **kwargs):
+        return getattr(self.inner, self.method)(*args, **kwargs)
+
+
+class CallSession:
+    """One plan for one component; a placement per call, stats of each call kept."""
+
+    def __init__(self, plan, component: str, inventory, weights_file=None, key_map=None):
+        self.plan = plan
+        self.component = component
+        self.inventory = inventory
+        self.weights_file = weights_file
+        self.key_map = key_map
+        self.calls: List[dict] = []          # {"method", "outcome", "stats"}
+
+    def call(self, module, method: str, args, kwargs):
+        wrapper = MethodCall(module, method)
+        options = {}
+        if self.plan.components[self.component].params == "disk":
+            if not self.weights_file:
+                raise PlacementError(f"{self.component}: params disk needs the model's file, "
+                                     f"and this object does not record it; use params cpu")
+            inner_map = self.key_map or (lambda k: k)
+            options = {"weights_file": self.weights_file,
+                       "key_map": lambda k: inner_map(k[len(WRAPPED):])}
+        make_weights_normal(module)
+        placed = place(wrapper, self.plan, self.component, self.inventory, **options)
+        record = {"method": method, "outcome": "raised"}
+        self.calls.append(record)
+        with torch.inference_mode(False):
+            placed.__enter__()
+        try:
+            out = wrapper(*args, **kwargs)
+            record["outcome"] = "ok"
+            return out
+        except torch.OutOfMemoryError:
+            record["outcome"] = "out of memory"
+            raise
+        finally:
+            with torch.inference_mode(False):
+                placed.__exit__(None, None, None)
+            record["stats"] = placed.stats()
+
+
+class EngineModuleProxy:
+    """Stands in for a module on the placed copy: decode/encode go through the engine,
+    everything else is the module's own."""
+    METHODS = ("decode", "encode")
+
+    def __init__(self, module, session: CallSession):
+        object.__setattr__(self, "_module", module)
+        object.__setattr__(self, "_session", session)
+
+    def __getattr__(self, name):
+        value = getattr(self._module, name)
+        if name in self.METHODS and callable(value):
+            return lambda *a, **k: self._session.call(self._module, name, a, k)
+        return value
+
+    def __setattr__(self, name, value):
+        raise PlacementError(f"the placed {self._session.component} is read-only "
+                             f"(tried to set {name!r}); change the model before placement")
+
+
+def place_vae_with_engine(vae, plan, inventory) -> Tuple[object, List[str]]:
+    cp = plan.components["vae"]
+    if cp.stream is not None or cp.is_split:
+        raise PlacementError("vae: streaming or splitting the VAE is not supported; it "
+                             "runs whole on one device (tiled on out-of-memory)")
+    device = inventory.get(cp.main_device)
+    load = torch.device("cpu") if device.simulated else torch.device(device.torch_device)
+    placed = copy.copy(vae)
+    placed.patcher, notes = engine_clone(vae.patcher, load, torch.device("cpu"), "vae")
+    session = CallSession(plan, "vae", inventory, weights_file=_vae_file(vae))
+    placed.patcher.set_attachments("placement", session)
+    placed.first_stage_model = EngineModuleProxy(placed.patcher.model, session)
+    placed.device = load
+    notes.append(f"vae: placed by the pack's engine on {cp.main_device} for each "
+                 f"decode/encode (weights rest on {cp.params}); tiled on out-of-memory")
+    if device.simulated:
+        notes.append(f"vae: {cp.main_device} simulated (diagnostic): compute on the cpu, "
+                     f"capacity and copies modelled")
+    return placed, notes
+
+
+def _vae_file(vae):
+    init = getattr(vae.patcher, "cached_patcher_init", None)
+    if init and getattr(init[0], "__name__", "") == "load_vae_patcher":
+        return init[1][0]
+    return None

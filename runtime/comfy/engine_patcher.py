@@ -1,0 +1,65 @@
+"""The ModelPatcher flavour for components the pack's engine places.
+
+ComfyUI's memory manager calls `patcher.load()` before every sampling run. A plain
+patcher would then copy the weights to its load device (as many as fit) and fuse the
+LoRA patches into them. For a component our engine streams (or rests on disk, or runs
+on a simulated device) both are wrong: the engine decides what is on the device, and
+LoRA patches must be applied to the block that arrived, never baked into the resting
+copy. So the load takes ComfyUI's own low-VRAM path for every module, with nothing
+loaded: weights stay where they rest, each castable layer keeps
+`comfy_cast_weights=True` and gets its LoRA patches as `weight_function`s, which
+ComfyUI's cast ops apply at forward time to whatever tensor the layer holds (the
+engine's device copy). Outputs then equal ComfyUI's resident-and-fused run within
+float tolerance (fused: one rounding after the patch; here the same math per forward).
+
+The class is set on a clone (`clone.__class__`), and ComfyUI's `clone()` keeps the
+class, so LoRA loaders and other patches applied after Apply Placement keep it.
+ComfyUI's own pinning of the resting weights is skipped: the engine pins its own packed
+host buffers (pinning the module's storage as well would hold the weights twice).
+"""
+from ...placement.errors import PlacementError
+
+NOTHING = 1            # bytes: with this budget ComfyUI's load keeps every layer offloaded
+
+_CLASSES = {}
+
+
+def engine_patcher_class(base):
+    """`base` with the engine's load policy (cached, so clones share one class)."""
+    if getattr(base, "placement_engine", False):
+        return base
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = type(f"Placement{base.__name__}", (EngineLoad, base), {})
+        _CLASSES[base] = cls
+    return cls
+
+
+class EngineLoad:
+    """Mixin placed before comfy.model_patcher.ModelPatcher in the MRO."""
+    placement_engine = True
+
+    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False,
+             full_load=False):
+        super().load(device_to, lowvram_model_memory=NOTHING, force_patch_weights=False,
+                     full_load=False)
+        self._check_runtime_patches()
+
+    def _check_runtime_patches(self):
+        """Every patched weight must belong to a castable layer, or its patch would be lost."""
+        import comfy.utils
+        for key in self.patches:
+            owner, _, _ = key.rpartition(".")
+            try:
+                module = comfy.utils.get_attr(self.model, owner) if owner else self.model
+            except AttributeError:
+                continue
+            if not hasattr(module, "comfy_cast_weights"):
+                raise PlacementError(
+                    f"patch on {key!r}: its layer {type(module).__name__} is not one of "
+                    f"ComfyUI's cast ops, so the patch cannot be applied at run time to a "
+                    f"placed (streamed/disk/simulated) model; place the model without "
+                    f"stream_layers/disk, or drop that patch")
+
+    def pin_weight_to_device(self, key):
+        return None
