@@ -31,11 +31,30 @@ def render_plan(plan) -> str:
     out = [f"placement plan (schema v{plan.version})", ""]
     out += table(["component", "runtime", "params", "split", "stream", "size", "on device",
                   "streamed/step"], comp_rows)
-    dev_rows = [[d.name, d.kind, format_bytes(d.total_bytes), format_bytes(d.free_bytes),
-                 format_bytes(d.budget_bytes), format_bytes(d.planned_bytes),
-                 _headroom(d)] for d in plan.devices]
-    out += [""] + table(["device", "kind", "total", "free", "budget", "planned", "left"],
-                        dev_rows)
+    fitted = plan.extra.get("device_table")
+    if fitted:      # auto-fit's breakdown, like llama.cpp --fit: use per phase, deficits
+        phases = [p for p in fitted[0]["phases"]]
+        dev_rows = [[d["name"], d["kind"], format_bytes(d["total_bytes"]),
+                     format_bytes(d["free_bytes"]),
+                     f"{format_bytes(d['budget_bytes'])} ({d['budget_from']})"]
+                    + [format_bytes(d["phases"][p]) for p in phases]
+                    + [format_bytes(d["headroom_bytes"]),
+                       "DEFICIT " + format_bytes(d["deficit_bytes"]) if d["deficit_bytes"]
+                       else format_bytes(d["slack_bytes"])] for d in fitted]
+        out += [""] + table(["device", "kind", "total", "free", "budget"] + phases
+                            + ["headroom", "left"], dev_rows)
+    else:
+        dev_rows = [[d.name, d.kind, format_bytes(d.total_bytes), format_bytes(d.free_bytes),
+                     format_bytes(d.budget_bytes), format_bytes(d.planned_bytes),
+                     _headroom(d)] for d in plan.devices]
+        out += [""] + table(["device", "kind", "total", "free", "budget", "planned", "left"],
+                            dev_rows)
+    predicted = plan.extra.get("fit", {}).get("predicted")
+    if predicted:
+        out += ["", f"predicted: {predicted['sample_step_s'] * 1000:.0f} ms per sampling step, "
+                    f"{format_bytes(predicted['streamed_bytes_per_step'])} streamed per step, "
+                    f"{predicted['generation_s']:.2f} s per generation "
+                    f"({plan.extra['fit']['steps']} steps; cost model in docs/autofit.md)"]
     reasons = [(n, cp.reasons) for n, cp in plan.components.items() if cp.present]
     if reasons:
         out += ["", "reasons:"]

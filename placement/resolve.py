@@ -126,7 +126,8 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
     infos = describe_components(components, resolution, frames, batch)
     if spec.auto_fit:
         from .fit import FitOptions, fit
-        options = FitOptions(offload_mode=spec.offload_mode, **fit_options)
+        options = FitOptions(offload_mode=spec.offload_mode, resolution=resolution,
+                             frames=frames, batch=batch, **fit_options)
         result = fit(request, inventory, infos, options)
         result.warnings[:0] = request.warnings
         return result

@@ -169,9 +169,9 @@ class Placed:
             by_id.setdefault(id(t), [t, []])[1].append(name)
             self.by_name[name] = t
 
-        block_list = []
+        # blocks also when nothing streams: their hooks let the ledger see activations
+        block_list = find_blocks(self.module, self.block_names)
         if mode == "stream":
-            block_list = find_blocks(self.module, self.block_names)
             if not block_list:
                 raise PlacementError(
                     f"{self.component}: streaming asked for, but no repeated blocks were "

@@ -29,26 +29,45 @@ class Link:
 
 
 class SimTransfer(Transfer):
+    """Disk reads run on their own thread ahead of the copy engine (a disk and a DMA
+    engine work at the same time). A staging buffer is free again when its slot's
+    block has been waited for, which is before the ring submits the next read into it.
+    `reads_into_dst`: for the host as compute device, disk reads land in the slot."""
     pin_host = False
 
-    def __init__(self, name: str, link: Link = Link()):
+    def __init__(self, name: str, link: Link = Link(), reads_into_dst: bool = False):
         self.device = torch.device("cpu")
         self.link = link
+        self.reads_into_dst = reads_into_dst
         self._busy_until = 0.0
         self._worker = CopyWorker(name, self._copy)
+        self._reader = None
+        self._name = name
 
     def alloc(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
 
     def submit(self, dst, src, read=None, after=None) -> Ticket:
         ticket = Ticket(dst.numel())
-        self._worker.put(ticket, (dst, src, read))
-        self._worker.forget_done()
+        if read is not None and self._reader is None:
+            self._reader = CopyWorker(f"{self._name}-disk", self._read)
+        if self._reader is not None:      # one path for all, so copies stay in order
+            self._reader.put(ticket, (dst, src, read))
+            self._reader.forget_done()
+        else:
+            self._worker.put(ticket, (dst, src))
+            self._worker.forget_done()
         return ticket
 
-    def _copy(self, ticket, dst, src, read):
+    def _read(self, ticket, dst, src, read):
         if read is not None:
-            read(src)                     # disk -> staging, at the disk's real speed
+            read(dst if self.reads_into_dst else src)   # at the disk's real speed
+        if read is not None and self.reads_into_dst:
+            return True
+        self._worker.put(ticket, (dst, src))
+        return False
+
+    def _copy(self, ticket, dst, src):
         start = max(time.perf_counter(), self._busy_until)
         landing = start + self.link.seconds(ticket.nbytes)
         delay = landing - time.perf_counter()
@@ -65,7 +84,11 @@ class SimTransfer(Transfer):
         raise_if_failed(ticket)
 
     def drain(self) -> None:
+        if self._reader is not None:
+            self._reader.drain()
         self._worker.drain()
 
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
         self._worker.close()

@@ -67,14 +67,15 @@ class Streamer:
     def allocate(self) -> None:
         for s in range(self.nslots):
             self.slots.append(self.target.alloc(self.slot_bytes, "slots", f"stream slot {s}"))
-        needs_staging = any(r is not None for r in self.reads)
+        needs_staging = any(r is not None for r in self.reads) and \
+            not self.transfer.reads_into_dst
         self.staging = [self._make_staging(self.slot_bytes) if needs_staging else None
                         for _ in range(self.nslots)]
         # copy endpoints per (slot, group), so issuing a copy is two list lookups
         self.dst = [[slot[:g.nbytes] for g in self.groups] for slot in self.slots]
-        self.src = [[st[:g.nbytes] if r is not None else s.host
-                     for g, s, r in zip(self.groups, self.sources, self.reads)]
-                    for st in self.staging]
+        self.src = [[(st if st is not None else slot)[:g.nbytes] if r is not None
+                     else s.host for g, s, r in zip(self.groups, self.sources, self.reads)]
+                    for st, slot in zip(self.staging, self.slots)]
         self._reset()
 
     def free(self) -> None:

@@ -55,8 +55,8 @@ def open_target(device, budget_bytes: Optional[int], link: Optional[Link] = None
     torch_device = device.torch_device or ""
     if torch_device == "cpu":
         capacity = device.free_bytes if budget_bytes is None else budget_bytes
-        return Target(device.name, SimTransfer(device.name, Link(bandwidth=None)),
-                      capacity, False)
+        return Target(device.name, SimTransfer(device.name, Link(bandwidth=None),
+                                               reads_into_dst=True), capacity, False)
     if torch_device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise PlacementError(f"device {device.name} ({torch_device}) is not available to "

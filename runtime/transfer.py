@@ -33,6 +33,7 @@ class Transfer:
     """Interface. `device` is where compute tensors live (cpu for a simulated device)."""
     device: torch.device
     pin_host: bool = False              # whether host buffers should be pinned
+    reads_into_dst: bool = False        # disk reads land in dst itself (no staging)
 
     def alloc(self, nbytes: int) -> torch.Tensor:
         raise NotImplementedError
@@ -58,7 +59,8 @@ class Transfer:
 
 
 class CopyWorker:
-    """One thread that runs copy jobs in submission order (a copy engine)."""
+    """One thread that runs copy jobs in submission order (a copy engine). `run` returns
+    False when it handed the ticket on to a later stage (which then completes it)."""
 
     def __init__(self, name: str, run: Callable):
         self._run = run
@@ -78,7 +80,8 @@ class CopyWorker:
                 return
             ticket, job = item
             try:
-                self._run(ticket, *job)
+                if self._run(ticket, *job) is False:
+                    continue
             except BaseException as exc:   # surfaced to the waiter, never lost
                 ticket.error = exc
             ticket.done.set()
