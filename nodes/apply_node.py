@@ -1,8 +1,10 @@
 """Apply Placement: placed copies of the connected models, and the plan in the node.
 
 The inputs are cached outputs of other nodes and stay untouched; every output is a
-copy (patcher clone) placed as the plan says. What the plan asks and ComfyUI cannot
-do yet (disk residency, streaming, splits) is a node error naming the missing piece.
+copy (patcher clone) placed as the plan says: through ComfyUI's own patchers, or, for
+what those cannot express (streaming, disk residency, splits, simulated devices), by
+the pack's engine (runtime/comfy/engine.py). What neither runs yet is a node error
+naming the missing piece.
 """
 from comfy_api.latest import io, ui
 
@@ -36,7 +38,9 @@ class ApplyPlacement(io.ComfyNode):
             category=CATEGORY,
             description="Places the connected models where the Backend Assignment says: "
                         "each output is a copy that computes on its runtime device and rests "
-                        "its weights on its params device. Inputs are not modified. "
+                        "its weights on its params device; streamed, disk-resident and "
+                        "split models run through the pack's engine for each sampling run "
+                        "(LoRA applied at run time). Inputs are not modified. "
                         "Unconnected outputs are empty.",
             inputs=inputs,
             outputs=outputs,

@@ -152,37 +152,64 @@ class Placed:
         return False
 
     def _prepare(self) -> None:
-        mode = self._mode()
-        self.mode = mode
+        self.mode = self._mode()
         self.target = open_target(self.device, self.budget, self.link)
         if self.cplan.params == "disk":
             if not self.weights_file:
                 raise PlacementError(f"{self.component}: params=disk needs the model file; "
                                      f"pass weights_file=PATH (.safetensors or .gguf)")
             self.file = open_weight_file(self.weights_file)
+        by_id = self._tensors()
+        nonblock, block_groups, block_modules = self._groups(by_id)
+        self.block_modules = block_modules
+        self._split_resident_streamed(by_id, nonblock, block_groups, block_modules)
 
-        # every tensor once, with all its names (tied weights have several)
+        # resting copies: what each tensor goes back to (its own data, or for streamed
+        # cpu groups a view of the packed host buffer: the module's copy is let go)
+        self.originals = {id(t): (t, t.device) for t, _ in by_id.values()}
+        self.rest: Dict[int, torch.Tensor] = {id(t): t.data for t, _ in by_id.values()}
+        if any(d.is_meta for d in self.rest.values()) and self.cplan.params != "disk":
+            raise PlacementError(f"{self.component}: the module's weights are on the meta "
+                                 f"device; use params=disk with the model file")
+        self.pool = PinnedPool(self.target.is_cuda, self.max_pinned_bytes
+                               if self.max_pinned_bytes is not None else default_pinned_cap())
+        self.disk_layouts = {id(g): DiskLayout(g, self.file, self.key_map, False)
+                             for g in self.resident_groups} if self.file else {}
+        if self.streamed_groups:
+            self.streamer = Streamer(self.target, self.streamed_groups,
+                                     self.streamed_modules, self._sources(), self.depth,
+                                     staging=self.pool.alloc)
+        self._info = {
+            "mode": self.mode, "resident_blocks": len(block_groups) - len(self.streamed_groups),
+            "streamed_blocks": len(self.streamed_groups), "prefetch_depth": self.depth,
+            "resident_weight_bytes": sum(g.nbytes for g in self.resident_groups)
+            + self.in_place_bytes,
+            "streamed_bytes_per_forward": sum(g.nbytes for g in self.streamed_groups),
+        }
+
+    def _tensors(self) -> Dict[int, list]:
+        """Every tensor once, with all its names (tied weights have several)."""
         by_id: Dict[int, list] = {}
         self.by_name: Dict[str, torch.Tensor] = {}
         for name, t in list(self.module.named_parameters(remove_duplicate=False)) + \
                 list(self.module.named_buffers(remove_duplicate=False)):
             by_id.setdefault(id(t), [t, []])[1].append(name)
             self.by_name[name] = t
+        return by_id
 
-        # blocks also when nothing streams: their hooks let the ledger see activations
+    def _groups(self, by_id):
+        """One group per block (tensors shared between blocks go to the non-block group,
+        which stays resident). Blocks are found also when nothing streams: their hooks
+        let the ledger see the activations."""
         block_list = find_blocks(self.module, self.block_names)
-        if mode == "stream":
-            if not block_list:
-                raise PlacementError(
-                    f"{self.component}: streaming asked for, but no repeated blocks were "
-                    f"found in {type(self.module).__name__}; pass blocks=[names]")
+        if self.mode == "stream" and not block_list:
+            raise PlacementError(
+                f"{self.component}: streaming asked for, but no repeated blocks were "
+                f"found in {type(self.module).__name__}; pass blocks=[names]")
         owner: Dict[int, int] = {}
         for bi, (_, block) in enumerate(block_list):
             for t in list(block.parameters()) + list(block.buffers()):
-                if owner.get(id(t), bi) != bi:
-                    owner[id(t)] = -1         # shared between blocks: keep it resident
-                else:
-                    owner[id(t)] = bi
+                owner[id(t)] = bi if owner.get(id(t), bi) == bi else -1
         members = [[] for _ in block_list]
         rest_ids = []
         for tid in by_id:
@@ -198,63 +225,42 @@ class Placed:
         nonblock = make_group("non-block", rest_ids) if rest_ids else None
         block_groups = [make_group(n, m) for (n, _), m in zip(block_list, members) if m]
         block_modules = [b for (_, b), m in zip(block_list, members) if m]
-        self.block_modules = block_modules
+        return nonblock, block_groups, block_modules
 
-        if mode == "stream":
+    def _split_resident_streamed(self, by_id, nonblock, block_groups, block_modules):
+        if self.mode == "stream":
             k = min(self.cplan.stream.resident_blocks, len(block_groups))
             resident = ([nonblock] if nonblock else []) + block_groups[:k]
-            streamed, streamed_modules = block_groups[k:], block_modules[k:]
-            depth = self.cplan.stream.prefetch_depth
+            self.streamed_groups, self.streamed_modules = block_groups[k:], block_modules[k:]
+            self.depth = self.cplan.stream.prefetch_depth
         else:
             resident = [g for g in [nonblock] + block_groups if g]
-            streamed, streamed_modules, depth = [], [], 0
+            self.streamed_groups, self.streamed_modules, self.depth = [], [], 0
         self.in_place_bytes = 0
-        if mode == "resident" and not self.target.simulated and all(
+        if self.mode == "resident" and not self.target.simulated and all(
                 t.device == self.target.device for t, _ in by_id.values()):
             # already where the plan wants it (a real device, or cpu): no second copy
             self.in_place_bytes = sum(g.nbytes for g in resident)
-            resident, mode = [], "in place"
-            self.mode = mode
+            resident, self.mode = [], "in place"
         self.resident_groups = resident
-        self.streamed_groups = streamed
 
-        # resting copies: what each tensor goes back to (its own data, or for streamed
-        # cpu groups a view of the packed host buffer: the module's copy is let go)
-        self.originals = {id(t): (t, t.device) for t, _ in by_id.values()}
-        self.rest: Dict[int, torch.Tensor] = {id(t): t.data for t, _ in by_id.values()}
-        if any(d.is_meta for d in self.rest.values()) and self.cplan.params != "disk":
-            raise PlacementError(f"{self.component}: the module's weights are on the meta "
-                                 f"device; use params=disk with the model file")
-
-        self.pool = PinnedPool(self.target.is_cuda, self.max_pinned_bytes
-                               if self.max_pinned_bytes is not None else default_pinned_cap())
-        self.disk_layouts = {}
-        for g in resident:
-            if self.file is not None:
-                self.disk_layouts[id(g)] = DiskLayout(g, self.file, self.key_map, False)
+    def _sources(self) -> List[Source]:
+        """Where each streamed block is read from: file ranges, or a packed host buffer
+        (the module's own copy is let go group by group, so RAM holds the weights once)."""
         sources = []
-        for g in streamed:
+        for g in self.streamed_groups:
             if self.file is not None:
                 layout = DiskLayout(g, self.file, self.key_map, True)
                 sources.append(Source(read=partial_read(self.file, layout.runs)))
-            else:
-                host = self.pool.alloc(g.nbytes)
-                g.pack(host, [self.rest[id(t)] for t in g.tensors])
-                g.bind(host)                  # the module's own copy is dropped here
-                for t, v in zip(g.tensors, g.views(host)):
-                    self.rest[id(t)] = v
-                give_back_freed_host_memory()
-                sources.append(Source(host=host))
-        if streamed:
-            self.streamer = Streamer(self.target, streamed, streamed_modules, sources, depth,
-                                     staging=self.pool.alloc)
-        self._info = {
-            "mode": mode, "resident_blocks": len(block_groups) - len(streamed)
-            if mode == "stream" else len(block_groups),
-            "streamed_blocks": len(streamed), "prefetch_depth": depth,
-            "resident_weight_bytes": sum(g.nbytes for g in resident),
-            "streamed_bytes_per_forward": sum(g.nbytes for g in streamed),
-        }
+                continue
+            host = self.pool.alloc(g.nbytes)
+            g.pack(host, [self.rest[id(t)] for t in g.tensors])
+            g.bind(host)
+            for t, v in zip(g.tensors, g.views(host)):
+                self.rest[id(t)] = v
+            give_back_freed_host_memory()
+            sources.append(Source(host=host))
+        return sources
 
     # -- device memory -------------------------------------------------------------------
     def _load(self) -> None:

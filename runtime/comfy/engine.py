@@ -163,8 +163,13 @@ def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
     cp = plan.components["diffusion"]
     device = inventory.get(cp.main_device)
     load = torch.device("cpu") if device.simulated else torch.device(device.torch_device)
+    weights_file = diffusion_file(model)
+    if cp.params == "disk" and not weights_file:
+        raise PlacementError("diffusion: params disk needs the model's file, and this MODEL "
+                             "does not come from a core loader that records it (Load "
+                             "Diffusion Model, Load Checkpoint); use params cpu")
     clone, notes = engine_clone(model, load, torch.device("cpu"), "diffusion")
-    session = EngineSession(plan, "diffusion", inventory, diffusion_file(model))
+    session = EngineSession(plan, "diffusion", inventory, weights_file)
     clone.set_attachments(KEY, session)
     clone.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, KEY, session.outer_sample)
     clone.add_wrapper_with_key(ext.WrappersMP.APPLY_MODEL, KEY, session.apply_model)

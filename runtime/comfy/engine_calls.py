@@ -1,9 +1,11 @@
-"""Components called outside the sampler (the VAE), placed by the pack's engine per call.
+"""Components called outside the sampler (VAE, text encoders), placed by the pack's
+engine per call.
 
-ComfyUI's VAE calls `first_stage_model.decode(...)` / `.encode(...)` directly. The
-placed VAE copy gets a proxy as its `first_stage_model`: each decode/encode runs the
-method through a small nn.Module (so the engine's root hooks see the call's inputs)
-inside one placement (runtime.place), which is left when the call returns or raises.
+ComfyUI's VAE calls `first_stage_model.decode(...)` / `.encode(...)` directly, and CLIP
+calls `cond_stage_model.encode_token_weights(tokens)`. The placed copy gets a proxy in
+that attribute: each such call runs the method through a small nn.Module (so the
+engine's root hooks see the call's inputs) inside one placement (runtime.place, which
+streams the blocks when the plan says so), left when the call returns or raises.
 An out-of-memory on the device's budget (the ledger counts the weights and the call's
 inputs) thus reaches ComfyUI's own handler in VAE.decode, which retries tiled; each
 tile is a smaller call that fits. The module itself is shared with the given VAE and
@@ -81,17 +83,17 @@ class CallSession:
 
 
 class EngineModuleProxy:
-    """Stands in for a module on the placed copy: decode/encode go through the engine,
-    everything else is the module's own."""
-    METHODS = ("decode", "encode")
+    """Stands in for a module on the placed copy: the named methods go through the
+    engine, everything else is the module's own."""
 
-    def __init__(self, module, session: CallSession):
+    def __init__(self, module, session: CallSession, methods=("decode", "encode")):
         object.__setattr__(self, "_module", module)
         object.__setattr__(self, "_session", session)
+        object.__setattr__(self, "_methods", tuple(methods))
 
     def __getattr__(self, name):
         value = getattr(self._module, name)
-        if name in self.METHODS and callable(value):
+        if name in self._methods and callable(value):
             return lambda *a, **k: self._session.call(self._module, name, a, k)
         return value
 
@@ -117,6 +119,30 @@ def place_vae_with_engine(vae, plan, inventory) -> Tuple[object, List[str]]:
                  f"decode/encode (weights rest on {cp.params}); tiled on out-of-memory")
     if device.simulated:
         notes.append(f"vae: {cp.main_device} simulated (diagnostic): compute on the cpu, "
+                     f"capacity and copies modelled")
+    return placed, notes
+
+
+def place_clip_with_engine(clip, plan, inventory) -> Tuple[object, List[str]]:
+    """CLIP (text encoders): streamed (or placed whole) per encode call."""
+    cp = plan.components["te"]
+    if cp.is_split or cp.params == "disk":
+        raise PlacementError("te: inside ComfyUI the engine streams or places text encoders "
+                             "on one device from host memory; a split or params disk is not "
+                             "wired for CLIP yet; use one device and params cpu")
+    device = inventory.get(cp.main_device)
+    load = torch.device("cpu") if device.simulated else torch.device(device.torch_device)
+    placed = clip.clone()
+    placed.patcher, notes = engine_clone(clip.patcher, load, torch.device("cpu"), "te")
+    session = CallSession(plan, "te", inventory)
+    placed.patcher.set_attachments("placement", session)
+    placed.cond_stage_model = EngineModuleProxy(placed.patcher.model, session,
+                                                ("encode_token_weights",))
+    mode = "streamed" if cp.stream is not None else "placed"
+    notes.append(f"te: {mode} by the pack's engine on {cp.main_device} for each encode "
+                 f"(weights rest on {cp.params}); LoRA patches applied at run time")
+    if device.simulated:
+        notes.append(f"te: {cp.main_device} simulated (diagnostic): compute on the cpu, "
                      f"capacity and copies modelled")
     return placed, notes
 

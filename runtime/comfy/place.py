@@ -5,7 +5,7 @@ given objects are untouched) and the notes to show next to the plan. Nothing is
 placed unless everything can be: errors are raised before any copy is returned.
 A plan ComfyUI's patcher cannot express (streaming, disk, split, simulated devices) is
 run by the pack's engine (engine.py for the diffusion model, engine_calls.py for the
-VAE); the rest goes through ComfyUI's own patchers.
+VAE and text encoders); the rest goes through ComfyUI's own patchers.
 """
 from typing import Dict, List, Tuple
 
@@ -36,8 +36,13 @@ def _engine_vae():
     return place_vae_with_engine
 
 
+def _engine_clip():
+    from .engine_calls import place_clip_with_engine
+    return place_clip_with_engine
+
+
 # component -> the engine placer (imported when used: it loads the runtime)
-ENGINE_PLACERS = {"diffusion": _engine_model, "vae": _engine_vae}
+ENGINE_PLACERS = {"diffusion": _engine_model, "vae": _engine_vae, "te": _engine_clip}
 
 
 def place_objects(plan, inventory,

@@ -39,6 +39,7 @@ class Target:
 ENGINE_RUNS = {
     "diffusion": ("stream", "disk", "split", "simulated"),
     "vae": ("disk", "simulated"),
+    "te": ("stream", "simulated"),
 }
 
 

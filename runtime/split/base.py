@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ...placement.errors import PlacementError
-from ..residency import Group
+from ..residency import Group, file_order_key, rebind
 from ..simdevice import Link
 from ..target import open_target
 from .hops import DEFAULT_HOP_LINK
@@ -49,8 +49,11 @@ def module_tensors(module: nn.Module) -> Dict[int, list]:
     return by_id
 
 
-def make_group(name: str, by_id: Dict[int, list], ids: Sequence[int]) -> Group:
-    return Group(name, [by_id[i][0] for i in ids], [by_id[i][1] for i in ids])
+def make_group(name: str, by_id: Dict[int, list], ids: Sequence[int], file=None,
+               key_map=None) -> Group:
+    tensors, names = [by_id[i][0] for i in ids], [by_id[i][1] for i in ids]
+    key = file_order_key(tensors, names, file, key_map) if file is not None else None
+    return Group(name, tensors, names, key)
 
 
 def headroom_for(option: Union[None, int, Dict[str, int]], device: str) -> int:
@@ -85,6 +88,13 @@ class SplitBase:
         self.headroom_option = headroom_bytes
         self.max_pinned_bytes = max_pinned_bytes
         self.lora = lora
+        self.weights_file = weights_file
+        if isinstance(key_map, dict):
+            mapping = dict(key_map)
+            self.key_map = lambda k: mapping.get(k, k)
+        else:
+            self.key_map = key_map or (lambda k: k)
+        self.file = None
         self.targets: List = []
         self.originals: Dict[int, tuple] = {}
         self.resident: List[List[Group]] = []     # per device: groups held for the placement
@@ -94,7 +104,7 @@ class SplitBase:
         self.hops = 0
         self._handles: List = []
         self._final_stats = None
-        self._check_params(weights_file)
+        self._check_params()
 
     @staticmethod
     def _budget(plan, name: str) -> Optional[int]:
@@ -103,15 +113,15 @@ class SplitBase:
                 return d.budget_bytes
         return None
 
-    def _check_params(self, weights_file) -> None:
+    def _check_params(self) -> None:
         c = self.cplan
-        if c.params == "disk":
-            raise PlacementError(f"{self.component}: a split with params=disk is not supported "
-                                 f"yet; use params=cpu or the runtime devices")
-        if c.params != "cpu" and c.params not in self.runtime:
+        if c.params == "disk" and not self.weights_file:
+            raise PlacementError(f"{self.component}: params=disk needs the model file; pass "
+                                 f"weights_file=PATH (.safetensors or .gguf)")
+        if c.params not in ("cpu", "disk") and c.params not in self.runtime:
             raise PlacementError(f"{self.component}: params on {c.params} with a split over "
                                  f"{'&'.join(self.runtime)} is not supported; params must be "
-                                 f"cpu or one of the runtime devices")
+                                 f"cpu, disk or one of the runtime devices")
 
     # -- devices ----------------------------------------------------------------------------
     def _open_targets(self) -> None:
@@ -126,9 +136,9 @@ class SplitBase:
     def _capture(self) -> Dict[int, list]:
         by_id = module_tensors(self.module)
         self.originals = {i: (t, t.data) for i, (t, _) in by_id.items()}
-        if any(d.is_meta for _, d in self.originals.values()):
+        if self.cplan.params != "disk" and any(d.is_meta for _, d in self.originals.values()):
             raise PlacementError(f"{self.component}: the module's weights are on the meta "
-                                 f"device; a split needs them in memory (params=cpu)")
+                                 f"device; use params=disk with the model file")
         return by_id
 
     def share_weights(self, held_on_main: int) -> List[float]:
@@ -163,12 +173,15 @@ class SplitBase:
         self.resident_bufs = allocated
         for d, g, buf in allocated:
             self.targets[d].ledger.count_h2d(g.nbytes)
-            g.pack(buf, [self._resting(t) for t in g.tensors])
+            self._fill(g, buf)
             g.bind(buf)
         for t in self.targets:
             if t.is_cuda:
                 torch.cuda.synchronize(t.device)
         self.loaded = True
+
+    def _fill(self, g: Group, buf: torch.Tensor) -> None:
+        g.pack(buf, [self._resting(t) for t in g.tensors])
 
     def _resting(self, t: torch.Tensor) -> torch.Tensor:
         hit = self.originals.get(id(t))
@@ -182,7 +195,7 @@ class SplitBase:
             self.targets[d].free(g.nbytes, "resident")
         self.resident_bufs = []
         for t, data in self.originals.values():
-            t.data = data
+            rebind(t, data)
         for t in self.targets:
             if t.is_cuda:
                 torch.cuda.synchronize(t.device)
@@ -239,9 +252,12 @@ class SplitBase:
                     t.close()
         finally:
             for t, data in self.originals.values():
-                t.data = data
+                rebind(t, data)
             self.originals = {}
             self.targets = []
+            if self.file is not None:
+                self.file.close()
+                self.file = None
 
     # -- stats ------------------------------------------------------------------------------
     def _stats_now(self) -> dict:

@@ -19,9 +19,10 @@ from ...placement.errors import PlacementError
 from ...placement.ranges import proportional_ranges
 from ...placement.units import format_bytes
 from ..blocks import find_blocks
-from ..residency import PinnedPool, default_pinned_cap
+from ..residency import DiskLayout, PinnedPool, default_pinned_cap, open_weight_file
 from ..stream import Source, Streamer
 from .base import SplitBase, make_group, seen_bytes, to_device
+from .disk import fill_from_file, reader
 
 
 def ranges_to_owner(ranges: Dict[str, List[int]], names: List[str], n: int):
@@ -61,6 +62,8 @@ class LayerSplit(SplitBase):
             raise PlacementError(f"{self.component}: layer split needs repeated blocks, none "
                                  f"found in {type(self.module).__name__}; pass blocks=[names]")
         by_id = self._capture()
+        if self.cplan.params == "disk":
+            self.file = open_weight_file(self.weights_file)
         owner: Dict[int, int] = {}
         for bi, (_, block) in enumerate(block_list):
             for t in list(block.parameters()) + list(block.buffers()):
@@ -72,8 +75,9 @@ class LayerSplit(SplitBase):
             (members[bi] if bi >= 0 else rest).append(tid)
         kept = [(n, b, m) for (n, b), m in zip(block_list, members) if m]
         self.block_modules = [b for _, b, _ in kept]
-        groups = [make_group(n, by_id, m) for n, _, m in kept]
-        nonblock = make_group("non-block", by_id, rest) if rest else None
+        groups = [make_group(n, by_id, m, self.file, self.key_map) for n, _, m in kept]
+        nonblock = make_group("non-block", by_id, rest, self.file, self.key_map) \
+            if rest else None
         nonblock_bytes = nonblock.nbytes if nonblock else 0
 
         self.owner = self._ranges(groups, nonblock_bytes)
@@ -118,12 +122,16 @@ class LayerSplit(SplitBase):
             streamed = idx[k:]
             if not streamed:
                 continue
-            if self.cplan.params != "cpu":
+            if self.cplan.params not in ("cpu", "disk"):
                 raise PlacementError(f"{self.component}: streaming part of {t.name}'s range "
-                                     f"needs params=cpu, the plan has params="
+                                     f"needs params=cpu or disk, the plan has params="
                                      f"{self.cplan.params}")
             sources = []
             for i in streamed:
+                if self.file is not None:
+                    layout = DiskLayout(groups[i], self.file, self.key_map, True)
+                    sources.append(Source(read=reader(self.file, layout.runs)))
+                    continue
                 host = self.pool.alloc(groups[i].nbytes)
                 groups[i].pack(host, [self._resting(x) for x in groups[i].tensors])
                 sources.append(Source(host=host))
@@ -172,6 +180,14 @@ class LayerSplit(SplitBase):
         return ranges_to_owner(ranges, self.runtime, n)
 
     # -- memory beyond resident groups -------------------------------------------------
+    def _fill(self, g, buf) -> None:
+        if self.file is None:
+            return super()._fill(g, buf)
+        layouts = self.__dict__.setdefault("_layouts", {})
+        if id(g) not in layouts:
+            layouts[id(g)] = DiskLayout(g, self.file, self.key_map, False)
+        fill_from_file(self.file, layouts[id(g)], g, buf, self._resting, self.pool.alloc)
+
     def _allocate_more(self) -> None:
         for s in getattr(self, "streamers", []):
             s.allocate()

@@ -68,6 +68,9 @@ class RowSplit(SplitBase):
         return bool(eligible_linears(module, block_names))
 
     def _prepare(self) -> None:
+        if self.cplan.params == "disk":
+            raise PlacementError(f"{self.component}: row split reads its shards from memory; "
+                                 f"params=disk is supported by layer split, use params=cpu")
         by_id = self._capture()
         linears = eligible_linears(self.module, self.block_names)
         lora = dict(self.lora or {})

@@ -9,6 +9,7 @@ the pytest side does.
 """
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import sys
@@ -87,6 +88,17 @@ def build_models(work):
             lora[f"{base}.lora_up.weight"] = torch.randn(mod.out_features, rank) * 0.1
             lora[f"{base}.alpha"] = torch.tensor(float(rank))
     safetensors.torch.save_file(lora, os.path.join(lora_dir, "tiny_flux_lora.safetensors"))
+    # and one for the tiny CLIP's attention and MLP layers (ComfyUI's text-encoder keys)
+    clip_lora, hidden, inter = {}, TINY_CLIP_CONFIG["hidden_size"], TINY_CLIP_CONFIG["intermediate_size"]
+    for layer in range(TINY_CLIP_CONFIG["num_hidden_layers"]):
+        for name, (n_in, n_out) in {"self_attn.q_proj": (hidden, hidden),
+                                    "self_attn.v_proj": (hidden, hidden),
+                                    "mlp.fc1": (hidden, inter), "mlp.fc2": (inter, hidden)}.items():
+            base = f"text_encoders.clip_l.transformer.text_model.encoder.layers.{layer}.{name}"
+            clip_lora[f"{base}.lora_down.weight"] = torch.randn(rank, n_in) * 0.2
+            clip_lora[f"{base}.lora_up.weight"] = torch.randn(n_out, rank) * 0.2
+            clip_lora[f"{base}.alpha"] = torch.tensor(float(rank))
+    safetensors.torch.save_file(clip_lora, os.path.join(lora_dir, "tiny_clip_lora.safetensors"))
     folder_paths.add_model_folder_path("loras", lora_dir, is_default=True)
     folder_paths.add_model_folder_path("diffusion_models", diffusion_dir, is_default=True)
     folder_paths.add_model_folder_path("vae", vae_dir, is_default=True)
@@ -143,6 +155,43 @@ class PlacementTestImageSink:
         return {}
 
 
+TINY_CLIP_CONFIG = {
+    "num_hidden_layers": 3, "hidden_size": 32, "num_attention_heads": 2,
+    "intermediate_size": 64, "hidden_act": "quick_gelu", "max_position_embeddings": 77,
+    "eos_token_id": 49407, "bos_token_id": 49406, "pad_token_id": 1, "vocab_size": 49408,
+    "projection_dim": 32, "layer_norm_eps": 1e-5, "model_type": "clip_text_model"}
+
+
+class PlacementTestTinyClip:
+    """A random CLIP-L-architecture text encoder (3 layers, width 32: its conditioning fits
+    the tiny Flux) with ComfyUI's own CLIP object, tokenizer and patcher."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seed": ("INT", {"default": 0})}}
+    RETURN_TYPES = ("CLIP",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, seed):
+        import comfy.sd
+        import comfy.sd1_clip
+
+        class TinyClipL(comfy.sd1_clip.SDClipModel):
+            def __init__(self, device="cpu", dtype=None, model_options={}, **kw):
+                super().__init__(device=device, dtype=dtype, model_options=model_options,
+                                 textmodel_json_config=dict(TINY_CLIP_CONFIG), **kw)
+
+        class Target:
+            params = {"clip_model": TinyClipL}
+            clip = comfy.sd1_clip.SD1ClipModel
+            tokenizer = comfy.sd1_clip.SD1Tokenizer
+        clip = comfy.sd.CLIP(target=Target())
+        g = torch.Generator().manual_seed(seed)
+        for p in clip.cond_stage_model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        return (clip,)
+
+
 class PlacementTestKeepModel:
     """Keeps a reference to a MODEL (e.g. Apply Placement's output) for inspection."""
     @classmethod
@@ -170,6 +219,20 @@ class PlacementTestKeepVae:
 
     def run(self, vae, tag):
         KEPT[tag] = {"vae": vae}
+        return {}
+
+
+class PlacementTestKeepClip:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"clip": ("CLIP",), "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, clip, tag):
+        KEPT[tag] = {"clip": clip}
         return {}
 
 
@@ -201,7 +264,9 @@ class PlacementTestInterrupt:
 
 TEST_NODES = {"PlacementTestConditioning": PlacementTestConditioning,
               "PlacementTestKeepModel": PlacementTestKeepModel,
+              "PlacementTestTinyClip": PlacementTestTinyClip,
               "PlacementTestKeepVae": PlacementTestKeepVae,
+              "PlacementTestKeepClip": PlacementTestKeepClip,
               "PlacementTestInterrupt": PlacementTestInterrupt,
               "PlacementTestKeep": PlacementTestKeep,
               "PlacementTestImageSink": PlacementTestImageSink}
@@ -311,7 +376,7 @@ async def start_comfy(pack_dir, work):
 
 def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run", keep=False,
              lora=None, interrupt_at=None, keep_placed=False, batch=1, keep_placed_vae=False,
-             **flags):
+             tiled_decode=False, text=False, te_lora=False, **flags):
     """UNETLoader + VAELoader -> [Backend Assignment -> Apply Placement] -> KSampler ->
     VAEDecode -> sink, plus the keep node on the loaders' own outputs."""
     model, vae = ["1", 0], ["2", 0]
@@ -331,6 +396,15 @@ def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run"
         prompt["30"] = {"class_type": "LoraLoaderModelOnly", "inputs": {
             "model": model, "lora_name": "tiny_flux_lora.safetensors", "strength_model": 0.8}}
         model = ["30", 0]
+    clip = None
+    if text:       # a real text encoder instead of random conditioning
+        prompt["40"] = {"class_type": "PlacementTestTinyClip", "inputs": {"seed": 5}}
+        clip = ["40", 0]
+        if te_lora:
+            prompt["41"] = {"class_type": "LoraLoader", "inputs": {
+                "model": model, "clip": clip, "lora_name": "tiny_clip_lora.safetensors",
+                "strength_model": 0.0, "strength_clip": 0.9}}
+            clip = ["41", 1]
     if placed:
         inputs = {"backend": backend, "params_backend": params_backend, "max_vram": "",
                   "split_mode": "", "stream_layers": False, "auto_fit": False,
@@ -340,6 +414,12 @@ def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run"
         prompt["10"] = {"class_type": "PlacementBackendAssignment", "inputs": inputs}
         prompt["11"] = {"class_type": "PlacementApply",
                         "inputs": {"placement": ["10", 0], "model": model, "vae": vae}}
+        if clip is not None:
+            prompt["11"]["inputs"]["clip"] = clip
+            clip = ["11", 1]
+            if keep_placed:
+                prompt["23"] = {"class_type": "PlacementTestKeepClip",
+                                "inputs": {"clip": clip, "tag": tag + "_clip"}}
         model, vae = ["11", 0], ["11", 2]
         if keep_placed_vae:
             prompt["22"] = {"class_type": "PlacementTestKeepVae",
@@ -355,11 +435,19 @@ def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run"
         prompt["32"] = {"class_type": "PlacementTestInterrupt",
                         "inputs": {"model": model, "at_call": interrupt_at}}
         model = ["32", 0]
+    if clip is not None:
+        prompt["3"] = {"class_type": "CLIPTextEncode", "inputs": {"clip": clip,
+                                                                 "text": "a tiny red fox"}}
+        prompt["4"] = {"class_type": "CLIPTextEncode", "inputs": {"clip": clip, "text": ""}}
     prompt["6"] = {"class_type": "KSampler", "inputs": {
         "model": model, "seed": 3, "steps": 2, "cfg": 2.0, "sampler_name": "euler",
         "scheduler": "simple", "positive": ["3", 0], "negative": ["4", 0],
         "latent_image": ["5", 0], "denoise": 1.0}}
     prompt["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": vae}}
+    if tiled_decode:   # the tiles VAE.decode falls back to: 64 latents, overlap 16
+        prompt["7"] = {"class_type": "VAEDecodeTiled", "inputs": {
+            "samples": ["6", 0], "vae": vae, "tile_size": 512, "overlap": 128,
+            "temporal_size": 64, "temporal_overlap": 8}}
     prompt["8"] = {"class_type": "PlacementTestImageSink", "inputs": {"images": ["7", 0],
                                                                       "tag": tag}}
     return prompt
@@ -394,9 +482,12 @@ async def run_prompt(executor, prompt, prompt_id):
 
 def pack_module(suffix):
     """The pack as ComfyUI imported it (its package name is the folder's path)."""
-    for name, mod in sys.modules.items():
+    for name, mod in list(sys.modules.items()):
         if name.endswith("comfyui-placement." + suffix):
             return mod
+    for name in list(sys.modules):                  # imported lazily by the pack: import it
+        if name.endswith("comfyui-placement"):
+            return importlib.import_module(f"{name}.{suffix}")
     raise LookupError(f"pack module {suffix} not loaded")
 
 
@@ -430,7 +521,7 @@ def adapter_facts(model, vae):
         engine[label] = targets.needs_engine(plan.components["diffusion"], inv)
         for comp in ("te", "vae"):
             try:
-                targets.target_for(plan, comp, inv)
+                targets.check_executable(plan.components[comp], inv)
                 refusals[f"{comp}_{label}"] = None
             except ValueError as exc:
                 refusals[f"{comp}_{label}"] = f"{type(exc).__name__}: {exc}"
@@ -566,6 +657,16 @@ def adapter_type_facts():
                             "shares_weights": out.model is dyn.model, "notes": notes,
                             "original_load": str(dyn.load_device),
                             "original_uuid": dyn.patches_uuid}
+    # the engine's clone: always a plain patcher (DynamicVRAM rebuilt), engine load policy
+    engine = pack_module("runtime.comfy.engine")
+    out, notes = engine.engine_clone(dyn, cuda1, cpu, "diffusion")
+    facts["engine_dynamic"] = {"dynamic": out.is_dynamic(), "new_weights": out.model is not dyn.model,
+                               "engine": getattr(out, "placement_engine", False),
+                               "devices": [str(out.load_device), str(out.offload_device)],
+                               "fresh_uuid": out.patches_uuid != dyn.patches_uuid,
+                               "original_dynamic": dyn.is_dynamic(), "notes": notes}
+    facts["engine_dynamic_no_factory"] = err(engine.engine_clone, FakeDynamicPatcher(factory=False),
+                                             cuda1, cpu, "diffusion")
     return facts
 
 
@@ -586,6 +687,31 @@ def session_facts(tag):
             "patcher_class": type(model).__name__,
             "load_device": str(model.load_device), "offload_device": str(model.offload_device),
             "stats": jsonable(stats)}
+
+
+TE_INVENTORY = "cuda0=5MiB"        # the tiny CLIP is about 6.4 MiB (its token table)
+
+
+def clip_calls(tag):
+    clip = KEPT.get(tag, {}).get("clip")
+    session = clip.patcher.get_attachment("placement") if clip is not None else None
+    if session is None:
+        return None
+    out = []
+    for c in session.calls:
+        st = c["stats"]
+        dev = st["devices"]["cuda0"]
+        out.append({"method": c["method"], "outcome": c["outcome"], "mode": st["mode"],
+                    "streamed_blocks": st["streamed_blocks"], "peak": dev["peak_bytes"],
+                    "capacity": dev["capacity_bytes"], "h2d": dev["h2d_bytes"],
+                    "streamed_bytes": st["streamed_bytes_per_forward"]})
+    return out
+
+
+def te_bytes():
+    clip = KEPT.get("te_stream_clip", {}).get("clip")
+    return sum(p.numel() * p.element_size() for p in clip.patcher.model.parameters()) \
+        if clip is not None else None
 
 
 def vae_budget_kib():
@@ -782,20 +908,37 @@ async def main():
         RESULTS["simulated_apply_session"] = session_facts("sim")
         RESULTS["simulated_vae"] = await run_prompt(
             executor, pipeline(backend="diffusion=cuda1,vae=cuda0", tag="sim_vae"), "sim_vae")
+        RESULTS["simulated_vae_image"] = compare("sim_vae", "reference")
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     # 6b. the VAE on a simulated device whose budget fits its weights and one latent, not
     # four: ComfyUI's decode runs out of memory and retries tiled (one latent per call)
     os.environ["COMFYUI_PLACEMENT_SIMULATE"] = f"cuda0=6MiB,cuda1={vae_budget_kib()}KiB"
     try:
-        RESULTS["vae_reference"] = await run_prompt(
-            executor, pipeline(placed=False, batch=4, tag="vae_reference"), "vae_reference")
+        RESULTS["vae_reference"] = await run_prompt(executor, pipeline(
+            placed=False, batch=4, tiled_decode=True, tag="vae_reference"), "vae_reference")
         RESULTS["vae_tiled"] = await run_prompt(executor, pipeline(
             backend="diffusion=cpu,vae=cuda1", batch=4, tag="vae_tiled", keep_placed_vae=True),
             "vae_tiled")
         RESULTS["vae_tiled_image"] = compare("vae_tiled", "vae_reference")
         RESULTS["vae_tiled_calls"] = vae_calls("vae_tiled_vae")
         RESULTS["vae_budget_kib"] = vae_budget_kib()
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+    # 6c. the text encoder streamed on a simulated device smaller than it (with a LoRA)
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = TE_INVENTORY
+    try:
+        for lora in (False, True):
+            ref, tag = f"te_reference{'_lora' * lora}", f"te_stream{'_lora' * lora}"
+            RESULTS[ref] = await run_prompt(executor, pipeline(
+                placed=False, text=True, te_lora=lora, tag=ref), ref)
+            RESULTS[tag] = await run_prompt(executor, pipeline(
+                backend="diffusion=cpu,vae=cpu,te=cuda0", stream_layers=True, text=True,
+                te_lora=lora, tag=tag, keep_placed=True), tag)
+            RESULTS[tag + "_image"] = compare(tag, ref)
+            RESULTS[tag + "_calls"] = clip_calls(tag + "_clip")
+        RESULTS["te_lora_changes_image"] = compare("te_stream_lora", "te_reference")
+        RESULTS["te_bytes"] = te_bytes()
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     # 7. streaming through the pack's engine inside ComfyUI
@@ -808,4 +951,8 @@ if __name__ == "__main__":
         asyncio.run(main())
     except Exception:
         RESULTS["errors"].append(traceback.format_exc())
-    print("PLACEMENT_RESULTS " + json.dumps(jsonable(RESULTS)))
+    text = json.dumps(jsonable(RESULTS))
+    if os.environ.get("PLACEMENT_RESULTS_FILE"):          # for a person debugging the driver
+        with open(os.environ["PLACEMENT_RESULTS_FILE"], "w") as fh:
+            fh.write(text)
+    print("PLACEMENT_RESULTS " + text)

@@ -159,10 +159,12 @@ def test_adapter_routes_engine_plans_and_refuses_the_rest(results):
     assert results["adapter"]["engine"] == {"split": True, "disk": True, "stream": True,
                                             "simulated": True}
     refusals = results["adapter"]["refusals"]
-    assert "is a simulated device" in refusals["vae_simulated"]
-    assert "streaming (stream_layers) inside ComfyUI is executed for the diffusion model " \
-        "only" in refusals["te_stream"]
-    assert "a split over cuda0&cuda1" in refusals["te_split"]
+    assert refusals["vae_simulated"] is None and refusals["vae_stream"] is None
+    assert "te: streaming (stream_layers) is not executed for te inside ComfyUI yet" \
+        in refusals["te_stream"]
+    assert "te: a split over several devices (cuda0&cuda1) is not executed" \
+        in refusals["te_split"]
+    assert "te: a simulated device is not executed" in refusals["te_simulated"]
     assert all(r is None or r.startswith("PlacementError") for r in refusals.values())
 
 
@@ -212,10 +214,10 @@ def test_simulated_inventory_executes_through_the_engine(results):
     assert stats["mode"] == "resident" and stats["devices"]["cuda1"]["h2d_bytes"] > 0
     shown = ui_text(rec, "11")
     assert "cuda1 simulated (diagnostic)" in shown
-    # only the diffusion model runs on simulated devices so far: a VAE there is refused
+    # the VAE runs there too (per decode call)
     vae = results["simulated_vae"]
-    assert vae["valid"] and not vae["success"]
-    assert "vae runtime device cuda0 is a simulated device" in exec_error_text(vae)
+    assert vae["valid"] and vae["success"], vae
+    assert results["simulated_vae_image"]["equal"], results["simulated_vae_image"]
 
 
 def test_adapter_places_every_comfy_type(results):
@@ -251,6 +253,15 @@ def test_adapter_dynamic_vram_branches(results):
     assert gpu["dynamic"] and gpu["registered"] == ["cuda:1"] and gpu["shares_weights"]
     assert "DynamicVRAM manages its residency" in gpu["notes"][0]
     assert (gpu["original_load"], gpu["original_uuid"]) == ("cuda:0", "original")
+
+
+def test_engine_clone_rebuilds_dynamic_vram_patchers(results):
+    t = results["adapter_types"]
+    e = t["engine_dynamic"]
+    assert e["dynamic"] is False and e["new_weights"] and e["engine"]
+    assert e["devices"] == ["cuda:1", "cpu"] and e["fresh_uuid"] and e["original_dynamic"]
+    assert "DynamicVRAM off for this copy" in e["notes"][0]
+    assert "--disable-dynamic-vram" in t["engine_dynamic_no_factory"]
 
 
 def test_auto_fit_plans_the_connected_models(results):
@@ -339,3 +350,17 @@ def test_layer_split_with_lora_equals_comfyui_fused_lora(results):
     for case in ("split_layer_lora", "split_row_lora"):
         _ok(s[case])
         assert s[f"{case}_image"]["max_abs_diff"] <= 1e-5, s[f"{case}_image"]
+
+
+def test_vae_decode_on_a_budget_falls_back_to_tiles(results):
+    """ComfyUI's own retry in VAE.decode works under placement: the batched decode (four
+    latents) runs out of the simulated device's memory, the placement is left, and the
+    tiled decode (one latent per call) fits."""
+    _ok(results["vae_reference"])
+    _ok(results["vae_tiled"])
+    calls = results["vae_tiled_calls"]
+    assert calls[0]["method"] == "decode" and calls[0]["outcome"] == "out of memory"
+    assert len(calls) > 1 and all(c["outcome"] == "ok" for c in calls[1:])
+    assert all(c["peak"] <= c["capacity"] for c in calls)
+    # the same tiles as ComfyUI's own tiled decode (VAE Decode (Tiled), same tile sizes)
+    assert results["vae_tiled_image"]["equal"], results["vae_tiled_image"]

@@ -249,3 +249,37 @@ def test_cpu_runtime_runs_in_place_or_streams_from_disk(tiny, run_model, plan_fo
     with place(other, plan_for("disk", runtime="cpu", stream=(0, 1)), "diffusion",
                sim_inventory, weights_file=str(path)):
         assert torch.equal(run_model(other, inp), ref)            # disk -> RAM slots
+
+
+def test_pinned_pool_falls_back_to_pageable_with_a_warning():
+    from comfyui_placement.runtime.residency import PinnedPool
+    pool = PinnedPool(enabled=True, cap_bytes=0)
+    with pytest.warns(RuntimeWarning, match="pageable"):
+        buf = pool.alloc(64)
+    assert buf.numel() == 64 and not buf.is_pinned()
+    assert pool.pinned_bytes == 0 and pool.pageable_bytes == 64
+
+
+def test_budget_defaults_to_the_devices_free_memory(tiny, run_model, plan_for):
+    from comfyui_placement.placement.devices import Inventory
+    model, inp = tiny("wan")
+    small = Inventory.simulated("cuda0=64GiB/40KiB")        # little free memory left
+    with pytest.raises(torch.OutOfMemoryError):
+        with place(model, plan_for("cpu", stream=(0, 1), budget=None), "diffusion", small):
+            pass
+    roomy = Inventory.simulated("cuda0=64GiB/1GiB")
+    with place(model, plan_for("cpu", stream=(0, 1), budget=None), "diffusion",
+               roomy) as placed:
+        run_model(model, inp)
+    assert placed.stats()["devices"]["cuda0"]["capacity_bytes"] == 1 << 30
+
+
+def test_a_real_device_that_is_absent_is_refused(tiny, plan_for):
+    from comfyui_placement.placement.devices import Device, Inventory
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    model, _ = tiny("wan")
+    inv = Inventory([Device("cuda0", "gpu", 8 << 30, 8 << 30, torch_device="cuda:0")])
+    with pytest.raises(PlacementError, match="not available to torch"):
+        with place(model, plan_for("cpu", stream=(0, 1)), "diffusion", inv):
+            pass
