@@ -13,10 +13,10 @@ __all__ = ["COMPONENTS", "Inventory", "Plan", "PlacementError", "PlacementSpec",
            "place", "WEB_DIRECTORY"]
 
 
-def place(module, plan, component, inventory):
+def place(module, plan, component, inventory, **options):
     """Run `module` under `plan` (runtime/ needs torch, so it is imported on use)."""
     from .runtime.place import place as _place
-    return _place(module, plan, component, inventory)
+    return _place(module, plan, component, inventory, **options)
 
 
 try:  # ComfyUI present: expose the V3 extension

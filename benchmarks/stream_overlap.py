@@ -28,6 +28,8 @@ DEPTHS = (0, 1, 2, 4)
 
 def main():
     args = parse()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     configs = [(f"uniform blocks: {args.single + args.double} single blocks", 0,
                 args.single + args.double),
                (f"mixed blocks: {args.double} double + {args.single} single", args.double,
@@ -45,6 +47,9 @@ def parse():
     ap.add_argument("--double", type=int, default=4)
     ap.add_argument("--single", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch compute threads (0: torch's default); the simulated copy "
+                         "engine's memcpy needs a core of its own to look like a DMA engine")
     ap.add_argument("--transfer-share", type=float, default=1.0,
                     help="modelled transfer time as a share of compute time")
     return ap.parse_args()

@@ -30,8 +30,9 @@ SINGLE_GROUPS = ("mid_block", "middle_block")   # one module, not a list
 Block = Tuple[str, nn.Module]
 
 
-def _has_params(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
+def _has_tensors(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None or \
+        next(module.buffers(), None) is not None
 
 
 def _groups_of(module: nn.Module) -> List[Block]:
@@ -44,8 +45,8 @@ def _groups_of(module: nn.Module) -> List[Block]:
     for name in GROUP_ORDER:
         child = children.get(name)
         if isinstance(child, nn.ModuleList):
-            blocks += [(f"{name}.{i}", b) for i, b in enumerate(child) if _has_params(b)]
-        elif name in SINGLE_GROUPS and child is not None and _has_params(child):
+            blocks += [(f"{name}.{i}", b) for i, b in enumerate(child) if _has_tensors(b)]
+        elif name in SINGLE_GROUPS and child is not None and _has_tensors(child):
             blocks.append((name, child))
     return blocks
 

@@ -30,10 +30,15 @@ from .target import open_target
 DISK_CHUNK = 64 * 1024 ** 2          # staging for one-time resident loads from disk
 
 
-def place(module: nn.Module, plan, component: str, inventory, **options) -> "Placed":
+def place(module: nn.Module, plan, component: str, inventory, **options):
     """Options: blocks (names in execution order), weights_file (path, for params=disk),
     key_map (module tensor name -> file key, callable or dict), link (simdevice.Link for
-    simulated devices), max_pinned_bytes (cap on pinned host memory)."""
+    simulated devices), max_pinned_bytes (cap on pinned host memory). A plan whose runtime
+    lists several devices runs on the split runtime (runtime/split, more options there)."""
+    comp = plan.components.get(component)
+    if comp is not None and comp.is_split:
+        from .split import place_split
+        return place_split(module, plan, component, inventory, **options)
     return Placed(module, plan, component, inventory, **options)
 
 
@@ -96,9 +101,8 @@ class Placed:
             raise PlacementError(f"plan has no component {component!r}; it has: "
                                  f"{', '.join(plan.components) or 'none'}")
         if comp.is_split:
-            raise PlacementError(
-                f"{component}: runtime {'&'.join(comp.runtime)} is a split over several "
-                f"devices; the split runtime (issue 5) is not built yet, use one device")
+            raise PlacementError(f"{component}: runtime {'&'.join(comp.runtime)} is a split; "
+                                 f"run it through place(), which hands it to the split runtime")
         if not comp.runtime:
             raise PlacementError(f"{component}: plan gives no runtime device")
         return comp
@@ -153,13 +157,17 @@ class Placed:
 
     def _prepare(self) -> None:
         self.mode = self._mode()
-        self.target = open_target(self.device, self.budget, self.link)
+        by_id = self._tensors()
+
+        def held(dev):                  # weights of this module already on the device
+            return sum(t.numel() * t.element_size() for t, _ in by_id.values()
+                       if t.device == dev)
+        self.target = open_target(self.device, self.budget, self.link, held)
         if self.cplan.params == "disk":
             if not self.weights_file:
                 raise PlacementError(f"{self.component}: params=disk needs the model file; "
                                      f"pass weights_file=PATH (.safetensors or .gguf)")
             self.file = open_weight_file(self.weights_file)
-        by_id = self._tensors()
         nonblock, block_groups, block_modules = self._groups(by_id)
         self.block_modules = block_modules
         self._split_resident_streamed(by_id, nonblock, block_groups, block_modules)

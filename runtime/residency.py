@@ -11,8 +11,9 @@ Resting places:
   CUDA (a capped number of bytes; past the cap pageable, with a warning). The
   module's own storage is packed into it group by group, so host RAM holds the
   weights once. Never pins mmap-backed pages (we pin only our own buffers).
-- disk: a safetensors file (or an unquantized GGUF) read by byte ranges straight
-  into a staging slot; nothing stays in RAM but the slots and the page cache.
+- disk: a safetensors or GGUF file read by byte ranges straight into a staging slot;
+  nothing stays in RAM but the slots and the page cache. Quantized GGUF tensors go
+  raw into modules that keep them raw (uint8); there is no dequantization here.
 """
 import json
 import os
@@ -90,15 +91,22 @@ class WeightFile:
         self.path = path
         self.entries: Dict[str, FileEntry] = {}
         self.unsupported: Dict[str, str] = {}        # key -> why it cannot be read raw
+        self.quantized: Dict[str, str] = {}          # key -> quant type (raw bytes entry)
         self._fd = os.open(path, os.O_RDONLY)
 
     def lookup(self, key: str) -> Optional[FileEntry]:
         if key in self.unsupported:
             raise PlacementError(f"{os.path.basename(self.path)}: tensor {key!r} is "
-                                 f"{self.unsupported[key]}; disk residency reads tensors "
-                                 f"raw and has no on-device dequantization yet; use an "
-                                 f"unquantized (F32/F16/BF16) file or params=cpu")
+                                 f"{self.unsupported[key]}, which disk residency cannot "
+                                 f"read; use a F32/F16/BF16 file or params=cpu")
         return self.entries.get(key)
+
+    def refuse_dequant(self, key: str, wanted) -> None:
+        raise PlacementError(f"{os.path.basename(self.path)}: tensor {key!r} is quantized "
+                             f"({self.quantized[key]}) but the module wants {wanted}; disk "
+                             f"residency streams quantized bytes only into modules that "
+                             f"hold them raw (uint8, e.g. ComfyUI-GGUF) and has no on-device "
+                             f"dequantization yet; use an unquantized file or params=cpu")
 
     def read_runs(self, runs: Sequence[Tuple[int, int, int]], buf: torch.Tensor) -> None:
         """runs: (file offset, buffer offset, nbytes)."""
@@ -159,8 +167,10 @@ class GGUFFile(WeightFile):
         for t in reader.tensors:
             qname = t.tensor_type.name
             dtype = self._RAW.get(qname)
-            if dtype is None:
-                self.unsupported[t.name] = f"quantized ({qname})"
+            if dtype is None:                 # quantized: its raw bytes, for modules that
+                self.quantized[t.name] = qname    # keep them raw (dequantized in their ops)
+                self.entries[t.name] = (torch.uint8, (int(t.n_bytes),), int(t.data_offset),
+                                        int(t.n_bytes))
                 continue
             shape = tuple(int(d) for d in reversed(list(t.shape)))   # ggml order is reversed
             self.entries[t.name] = (dtype, shape, int(t.data_offset), int(t.n_bytes))
@@ -197,6 +207,9 @@ class DiskLayout:
                 self.from_module.append(i)
                 continue
             dtype, shape, off, n = entry
+            key = key_map(name)
+            if key in file.quantized and (dtype != group.dtypes[i] or n != group.sizes[i]):
+                file.refuse_dequant(key, f"{group.dtypes[i]} {list(group.shapes[i])}")
             if dtype != group.dtypes[i] or n != group.sizes[i]:
                 raise PlacementError(
                     f"{os.path.basename(file.path)}: tensor {key_map(names[0])!r} is "

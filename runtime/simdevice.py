@@ -40,6 +40,7 @@ class SimTransfer(Transfer):
         self.link = link
         self.reads_into_dst = reads_into_dst
         self._busy_until = 0.0
+        self._memcpy_rate = 5e9           # bytes/s, learned from the copies carried out
         self._worker = CopyWorker(name, self._copy)
         self._reader = None
         self._name = name
@@ -70,11 +71,16 @@ class SimTransfer(Transfer):
     def _copy(self, ticket, dst, src):
         start = max(time.perf_counter(), self._busy_until)
         landing = start + self.link.seconds(ticket.nbytes)
-        delay = landing - time.perf_counter()
+        # the host memcpy is part of the modelled time: start it so it ends at landing
+        delay = landing - time.perf_counter() - ticket.nbytes / self._memcpy_rate
         if delay > 0:
             time.sleep(delay)             # the bytes are on the wire: dst is still old
+        t0 = time.perf_counter()
         dst.copy_(src)
-        self._busy_until = max(landing, time.perf_counter())
+        t1 = time.perf_counter()
+        if ticket.nbytes >= 1 << 20 and t1 > t0:
+            self._memcpy_rate = 0.8 * self._memcpy_rate + 0.2 * ticket.nbytes / (t1 - t0)
+        self._busy_until = max(landing, t1)
 
     def compute_mark(self):
         return None

@@ -22,7 +22,7 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
-from .residency import Group
+from .residency import Group, rebind
 
 
 class Source:
@@ -54,6 +54,7 @@ class Streamer:
         self.staging: List[Optional[torch.Tensor]] = []
         self._make_staging = staging
         self.on_arrive: List[Callable[[int], None]] = []    # LoRA seam: (group index)
+        self._views = {}
         self.skip_wait = False          # tests only: proves the race tests can fail
         self.wait_seconds = 0.0         # compute blocked on copies (overlap diagnostics)
         self.schedule = list(range(n))
@@ -83,10 +84,15 @@ class Streamer:
         for _ in self.slots:
             self.target.free(self.slot_bytes, "slots")
         self.slots, self.staging, self.dst, self.src = [], [], [], []
+        self._views = {}
         self._reset()                   # nothing is in flight or bound any more
 
     def _bind(self, gi: int, s: int) -> None:
-        self.groups[gi].bind(self.slots[s])
+        views = self._views.get((gi, s))
+        if views is None:               # made once per (block, slot), reused every step
+            views = self._views[(gi, s)] = self.groups[gi].views(self.slots[s])
+        for t, v in zip(self.groups[gi].tensors, views):
+            rebind(t, v)
         self.bound[gi] = s
 
     # -- hooks -----------------------------------------------------------------------
@@ -105,7 +111,7 @@ class Streamer:
         self.issued = 0                 # global indices [0, issued) have copies submitted
         self.fstart = 0                 # global index where this forward began
         self.tickets = [None] * max(self.nslots, 1)
-        self.bound = [-1] * self.n      # slot each group's tensors point at
+        self.bound = [-1] * len(self.groups)   # slot each group's tensors point at
         self.sync = self.dynamic
 
     def _issue_upto(self, last: int) -> None:
@@ -129,6 +135,8 @@ class Streamer:
         if self.q != self.fstart or self.sync:
             self.drain()                # an earlier forward stopped midway
             self._reset()
+        if self.learning:
+            self.observed = []          # what a stopped first forward saw is not an order
         if self.depth > 0 and self.n:
             self._issue_upto(self._horizon(self.q))
 

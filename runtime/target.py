@@ -5,7 +5,7 @@ device memory is allocated only through `alloc`, so the ledger always knows what
 held. Kinds: a simulated accelerator (inventory Device.simulated), a real CUDA device
 (torch_device 'cuda:N'), or the host itself ('cpu', for streaming from disk into RAM).
 """
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -45,9 +45,11 @@ class Target:
         self.transfer.close()
 
 
-def open_target(device, budget_bytes: Optional[int], link: Optional[Link] = None) -> Target:
+def open_target(device, budget_bytes: Optional[int], link: Optional[Link] = None,
+                held_bytes: Callable[[torch.device], int] = lambda d: 0) -> Target:
     """`device` is a placement.devices.Device. Capacity: the budget, never more than the
-    device's free memory (re-measured now on a real device)."""
+    device's free memory (re-measured now on a real device, minus a margin, plus what
+    `held_bytes(torch_device)` says the component already holds there)."""
     if device.simulated:
         capacity = device.free_bytes if budget_bytes is None else min(budget_bytes,
                                                                       device.free_bytes)
@@ -61,8 +63,9 @@ def open_target(device, budget_bytes: Optional[int], link: Optional[Link] = None
         if not torch.cuda.is_available():
             raise PlacementError(f"device {device.name} ({torch_device}) is not available to "
                                  f"torch here; use a simulated inventory to plan for it")
-        free, _total = torch.cuda.mem_get_info(torch.device(torch_device))
-        capacity = max(0, free - CUDA_FREE_MARGIN)
+        dev = torch.device(torch_device)
+        free, _total = torch.cuda.mem_get_info(dev)
+        capacity = max(0, free - CUDA_FREE_MARGIN) + held_bytes(dev)
         if budget_bytes is not None:
             capacity = min(capacity, budget_bytes)
         return Target(device.name, CudaTransfer(torch_device), capacity, False)

@@ -2,9 +2,13 @@
 
 The only runtime code that imports `comfy`. It places components through ComfyUI's
 supported mechanisms (patcher clones, load/offload devices, wrapper copies) and
-never replaces ComfyUI's memory manager or switches a global device.
+never replaces ComfyUI's memory manager or switches a global device. Plans the patcher
+cannot express (streaming, disk, splits, simulated devices) run through the pack's
+engine: engine.py (diffusion model, per sampling run), engine_calls.py (VAE and text
+encoders, per call), engine_patcher.py (the load policy), inference.py.
 """
 from .place import PLACERS, place_objects
-from .targets import Target, check_executable, target_for
+from .targets import Target, check_executable, needs_engine, target_for
 
-__all__ = ["PLACERS", "place_objects", "Target", "check_executable", "target_for"]
+__all__ = ["PLACERS", "place_objects", "Target", "check_executable", "needs_engine",
+           "target_for"]

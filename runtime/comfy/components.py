@@ -56,8 +56,9 @@ def place_controlnet(control, target: Target, diffusion_runtime: str) -> Placed:
     if target.runtime != diffusion_runtime:
         raise PlacementError(
             f"controlnet on {target.runtime} while diffusion runs on {diffusion_runtime}: "
-            f"moving activations between devices mid-step needs the split runtime (issue 5), "
-            f"not built yet; put controlnet on {diffusion_runtime}")
+            f"ComfyUI adds ControlNet residuals inside the diffusion model's forward, so "
+            f"they would have to hop devices every step, which the pack does not do yet; "
+            f"put controlnet on {diffusion_runtime}")
     default = comfy.model_management.get_torch_device()
     if isinstance(control, comfy.controlnet.ControlLora):
         # Built at each sampling run on ComfyUI's default device and freed afterwards.

@@ -15,7 +15,7 @@ ledger figures of the last run (runtime.place stats()).
 """
 import logging
 import uuid
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -24,10 +24,9 @@ import comfy.sd
 
 from ...placement.errors import PlacementError
 from ...runtime.place import place
-from .engine_patcher import engine_patcher_class
+from .engine_patcher import KEY, engine_patcher_class, strip_engine
 from .inference import make_weights_normal
 
-KEY = "placement"
 log = logging.getLogger("comfyui-placement")
 
 
@@ -42,7 +41,7 @@ def diffusion_file(patcher) -> Optional[str]:
     return None
 
 
-def file_key_map(path: str, module) -> callable:
+def file_key_map(path: str, module) -> Callable[[str], str]:
     """Module tensor name -> file key: diffusion-model files store the names bare,
     checkpoints under a prefix."""
     from safetensors import safe_open
@@ -70,14 +69,12 @@ class EngineSession:
         self.placed = None
         self.last_stats = None
         self.runs = 0
-        self.patched = False          # the sampled patcher carries weight patches (LoRA)
 
     # ComfyUI copies attachments into clones with this hook; one session per module.
     def on_model_patcher_clone(self):
         return self
 
     def outer_sample(self, executor, *args, **kwargs):
-        self.patched = bool(getattr(executor.class_obj.model_patcher, "patches", None))
         try:
             return executor(*args, **kwargs)
         finally:
@@ -90,6 +87,14 @@ class EngineSession:
 
     def on_detach(self, patcher, unpatch_all):
         self.close()
+
+    def on_deepclone_multigpu(self, patcher, clone):
+        # Core's MultiGPU CFG Split runs a full copy per GPU on threads; they would share
+        # this one placement.
+        raise PlacementError(
+            f"{self.component}: a model placed by the pack's engine (streamed, split, on "
+            f"disk or simulated) cannot be combined with MultiGPU CFG Split; split it with "
+            f"Backend Assignment instead (e.g. diffusion=cuda0&cuda1)")
 
     def open(self, module) -> None:
         options = {}
@@ -104,16 +109,8 @@ class EngineSession:
         cp = self.plan.components[self.component]
         make_weights_normal(module)          # see inference.py
         if cp.is_split:
-            from ...runtime.split import RowSplit, place_split
-            if cp.split_mode == "row" and self.patched and RowSplit.applies(module, None):
-                raise PlacementError(
-                    f"{self.component}: row split with LoRA patches is not wired to "
-                    f"ComfyUI's patches yet (the sharded layers would skip them); use "
-                    f"split_mode layer, or apply the LoRA without row split")
-            placed = place_split(module, self.plan, self.component, self.inventory,
-                                 **options)
-        else:
-            placed = place(module, self.plan, self.component, self.inventory, **options)
+            refuse_row_split_with_patches(module, cp)
+        placed = place(module, self.plan, self.component, self.inventory, **options)
         # ComfyUI samples under inference_mode; buffers made there would be inference
         # tensors, which the engine's copy thread (outside inference mode) may not write.
         with torch.inference_mode(False):
@@ -128,12 +125,22 @@ class EngineSession:
         with torch.inference_mode(False):
             placed.__exit__(None, None, None)
         self.last_stats = placed.stats()
-        dev = next(iter(self.last_stats["devices"].items()), None)
-        if dev:
-            name, d = dev
+        for name, d in self.last_stats["devices"].items():
             log.info("placement %s on %s: peak %d of %d bytes, %d bytes copied in",
                      self.component, name, d.get("peak_bytes", 0),
                      d.get("capacity_bytes", 0), d.get("h2d_bytes", 0))
+
+
+def refuse_row_split_with_patches(module, cp) -> None:
+    """Row split shards Linear layers with its own kernels, which would skip ComfyUI's
+    LoRA weight functions: refuse rather than drop the LoRA silently."""
+    from ...runtime.split import RowSplit
+    if cp.split_mode != "row" or not RowSplit.applies(module, None):
+        return
+    if any(getattr(m, "weight_function", None) for m in module.modules()):
+        raise PlacementError(
+            f"{cp.component}: row split with LoRA patches is not wired to ComfyUI's patches "
+            f"yet (the sharded layers would skip them); use split_mode layer")
 
 
 def engine_clone(patcher, load_device, offload_device, what: str):
@@ -151,6 +158,7 @@ def engine_clone(patcher, load_device, offload_device, what: str):
         notes.append(f"{what}: DynamicVRAM off for this copy (the pack's engine places it)")
     else:
         clone = patcher.clone()
+    strip_engine(clone)
     clone.__class__ = engine_patcher_class(type(clone))
     clone.load_device = load_device
     clone.offload_device = offload_device
@@ -174,6 +182,8 @@ def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
     clone.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, KEY, session.outer_sample)
     clone.add_wrapper_with_key(ext.WrappersMP.APPLY_MODEL, KEY, session.apply_model)
     clone.add_callback_with_key(ext.CallbacksMP.ON_DETACH, KEY, session.on_detach)
+    clone.add_callback_with_key(ext.CallbacksMP.ON_DEEPCLONE_MULTIGPU, KEY,
+                                session.on_deepclone_multigpu)
     on = "&".join(cp.runtime)
     mode = ("streamed" if cp.stream is not None else "placed") + \
         f" by the pack's engine on {on}"

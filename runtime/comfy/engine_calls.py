@@ -23,7 +23,7 @@ import torch
 
 from ...placement.errors import PlacementError
 from ...runtime.place import place
-from .engine import engine_clone
+from .engine import engine_clone, refuse_row_split_with_patches
 from .inference import make_weights_normal
 
 log = logging.getLogger("comfyui-placement")
@@ -64,6 +64,9 @@ class CallSession:
             options = {"weights_file": self.weights_file,
                        "key_map": lambda k: inner_map(k[len(WRAPPED):])}
         make_weights_normal(module)
+        cp = self.plan.components[self.component]
+        if cp.is_split:
+            refuse_row_split_with_patches(module, cp)
         placed = place(wrapper, self.plan, self.component, self.inventory, **options)
         record = {"method": method, "outcome": "raised"}
         self.calls.append(record)
@@ -126,10 +129,9 @@ def place_vae_with_engine(vae, plan, inventory) -> Tuple[object, List[str]]:
 def place_clip_with_engine(clip, plan, inventory) -> Tuple[object, List[str]]:
     """CLIP (text encoders): streamed (or placed whole) per encode call."""
     cp = plan.components["te"]
-    if cp.is_split or cp.params == "disk":
-        raise PlacementError("te: inside ComfyUI the engine streams or places text encoders "
-                             "on one device from host memory; a split or params disk is not "
-                             "wired for CLIP yet; use one device and params cpu")
+    if cp.params == "disk":
+        raise PlacementError("te: params disk is not wired for CLIP yet (its files and key "
+                             "names are the text-encoder loader's); use params cpu")
     device = inventory.get(cp.main_device)
     load = torch.device("cpu") if device.simulated else torch.device(device.torch_device)
     placed = clip.clone()
@@ -139,11 +141,14 @@ def place_clip_with_engine(clip, plan, inventory) -> Tuple[object, List[str]]:
     placed.cond_stage_model = EngineModuleProxy(placed.patcher.model, session,
                                                 ("encode_token_weights",))
     mode = "streamed" if cp.stream is not None else "placed"
-    notes.append(f"te: {mode} by the pack's engine on {cp.main_device} for each encode "
+    if cp.is_split:
+        mode = f"{cp.split_mode} split" + (" and streamed" if cp.stream is not None else "")
+    notes.append(f"te: {mode} by the pack's engine on {'&'.join(cp.runtime)} for each encode "
                  f"(weights rest on {cp.params}); LoRA patches applied at run time")
-    if device.simulated:
-        notes.append(f"te: {cp.main_device} simulated (diagnostic): compute on the cpu, "
-                     f"capacity and copies modelled")
+    simulated = [n for n in cp.runtime if inventory.get(n).simulated]
+    if simulated:
+        notes.append(f"te: {', '.join(simulated)} simulated (diagnostic): compute on the "
+                     f"cpu, capacity and copies modelled")
     return placed, notes
 
 

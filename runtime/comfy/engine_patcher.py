@@ -20,6 +20,7 @@ host buffers (pinning the module's storage as well would hold the weights twice)
 from ...placement.errors import PlacementError
 
 NOTHING = 1            # bytes: with this budget ComfyUI's load keeps every layer offloaded
+KEY = "placement"      # key of the engine's wrappers, callbacks and attachment
 
 _CLASSES = {}
 
@@ -30,9 +31,22 @@ def engine_patcher_class(base):
         return base
     cls = _CLASSES.get(base)
     if cls is None:
-        cls = type(f"Placement{base.__name__}", (EngineLoad, base), {})
+        cls = type(f"Placement{base.__name__}", (EngineLoad, base), {"engine_base": base})
         _CLASSES[base] = cls
     return cls
+
+
+def strip_engine(clone) -> None:
+    """Undo a previous Apply Placement's engine on a fresh clone (placing a placed model
+    again): its class, wrappers, callbacks and session, so only the new plan runs."""
+    import comfy.patcher_extension as ext
+    if getattr(clone, "placement_engine", False):
+        clone.__class__ = type(clone).engine_base
+    for kind in (ext.WrappersMP.OUTER_SAMPLE, ext.WrappersMP.APPLY_MODEL):
+        clone.remove_wrappers_with_key(kind, KEY)
+    for kind in (ext.CallbacksMP.ON_DETACH, ext.CallbacksMP.ON_DEEPCLONE_MULTIGPU):
+        clone.remove_callbacks_with_key(kind, KEY)
+    clone.remove_attachments(KEY)
 
 
 class EngineLoad:
@@ -41,6 +55,12 @@ class EngineLoad:
 
     def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False,
              full_load=False):
+        # An earlier full load of the shared module (e.g. CLIP's, whose patcher force-casts)
+        # can leave `prev_comfy_cast_weights` behind; ComfyUI's low-VRAM path then takes the
+        # layer as "already low-VRAM" and would skip its LoRA weight functions.
+        import comfy.model_patcher
+        for m in self.model.modules():
+            comfy.model_patcher.wipe_lowvram_weight(m)
         super().load(device_to, lowvram_model_memory=NOTHING, force_patch_weights=False,
                      full_load=False)
         self._check_runtime_patches()

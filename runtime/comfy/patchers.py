@@ -19,6 +19,7 @@ import uuid
 from typing import List, Tuple
 
 from ...placement.errors import PlacementError
+from .engine_patcher import strip_engine
 from .targets import Target
 
 
@@ -39,6 +40,7 @@ def retarget(patcher, target: Target, what: str) -> Tuple[object, List[str]]:
         notes.append(f"{what}: DynamicVRAM off for this copy (it computes on the cpu)")
     else:
         clone = patcher.clone()
+    strip_engine(clone)              # placing an engine-placed model again: plain patcher
     moved = clone.load_device != target.load_device
     clone.load_device = target.load_device
     clone.offload_device = target.offload_device

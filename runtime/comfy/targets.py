@@ -39,7 +39,7 @@ class Target:
 ENGINE_RUNS = {
     "diffusion": ("stream", "disk", "split", "simulated"),
     "vae": ("disk", "simulated"),
-    "te": ("stream", "simulated"),
+    "te": ("stream", "split", "simulated"),
 }
 
 

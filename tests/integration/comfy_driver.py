@@ -69,6 +69,17 @@ def build_models(work):
             p.normal_(0.0, 0.02)
     safetensors.torch.save_file({k: v.contiguous() for k, v in flux.state_dict().items()},
                                 os.path.join(diffusion_dir, "tiny_flux.safetensors"))
+    # a wider one whose block Linears (256 wide and more) row split can shard
+    wide = comfy.ldm.flux.model.Flux(
+        operations=comfy.ops.disable_weight_init, dtype=torch.float32,
+        in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=32, hidden_size=256,
+        mlp_ratio=4.0, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=[16, 56, 56],
+        theta=10000, patch_size=2, qkv_bias=True, guidance_embed=False, txt_ids_dims=[])
+    with torch.no_grad():
+        for p in wide.parameters():
+            p.normal_(0.0, 0.02)
+    safetensors.torch.save_file({k: v.contiguous() for k, v in wide.state_dict().items()},
+                                os.path.join(diffusion_dir, "tiny_flux_wide.safetensors"))
     taesd = comfy.taesd.taesd.TAESD(latent_channels=16)   # its convs skip init as well
     with torch.no_grad():
         for name, p in taesd.named_parameters():
@@ -376,12 +387,13 @@ async def start_comfy(pack_dir, work):
 
 def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run", keep=False,
              lora=None, interrupt_at=None, keep_placed=False, batch=1, keep_placed_vae=False,
-             tiled_decode=False, text=False, te_lora=False, **flags):
+             tiled_decode=False, text=False, te_lora=False, unet="tiny_flux.safetensors",
+             **flags):
     """UNETLoader + VAELoader -> [Backend Assignment -> Apply Placement] -> KSampler ->
     VAEDecode -> sink, plus the keep node on the loaders' own outputs."""
     model, vae = ["1", 0], ["2", 0]
     prompt = {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "tiny_flux.safetensors",
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": unet,
                                                      "weight_dtype": "default"}},
         "2": {"class_type": "VAELoader", "inputs": {"vae_name": "tiny_taesd.safetensors"}},
         "3": {"class_type": "PlacementTestConditioning", "inputs": {"seed": 1}},
@@ -514,7 +526,7 @@ def adapter_facts(model, vae):
     refusals, engine = {}, {}
     inv = placement.Inventory.simulated("cuda0=8GiB,cuda1=8GiB")
     for label, spec in (("split", placement.PlacementSpec(backend="cuda0&cuda1")),
-                        ("disk", placement.PlacementSpec(params_backend="diffusion=disk")),
+                        ("disk", placement.PlacementSpec(params_backend="disk")),
                         ("stream", placement.PlacementSpec(backend="cuda0", stream_layers=True)),
                         ("simulated", placement.PlacementSpec(backend="cuda1"))):
         plan = placement.plan(spec, inv)
@@ -555,6 +567,15 @@ class FakeDynamicPatcher:
 
     def register_load_device(self, device):
         self.registered.append(str(device))
+
+    def remove_wrappers_with_key(self, kind, key):
+        pass
+
+    def remove_callbacks_with_key(self, kind, key):
+        pass
+
+    def remove_attachments(self, key):
+        pass
 
 
 def adapter_type_facts():
@@ -667,6 +688,21 @@ def adapter_type_facts():
                                "original_dynamic": dyn.is_dynamic(), "notes": notes}
     facts["engine_dynamic_no_factory"] = err(engine.engine_clone, FakeDynamicPatcher(factory=False),
                                              cuda1, cpu, "diffusion")
+    # row split would skip ComfyUI's LoRA weight functions: refused when both are present
+    placement = pack_module("placement")
+
+    class Rows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(
+                [torch.nn.Sequential(comfy.ops.manual_cast.Linear(256, 256)) for _ in range(2)])
+    rows = Rows()
+    inv = placement.Inventory.simulated("cuda0=8GiB,cuda1=8GiB")
+    row_cp = placement.plan(placement.PlacementSpec(backend="diffusion=cuda0&cuda1",
+                                                    split_mode="row"), inv).components["diffusion"]
+    facts["row_split_plain"] = err(engine.refuse_row_split_with_patches, rows, row_cp)
+    rows.layers[0][0].weight_function = [lambda w: w]
+    facts["row_split_lora"] = err(engine.refuse_row_split_with_patches, rows, row_cp)
     return facts
 
 
@@ -683,13 +719,20 @@ def session_facts(tag):
     if session is None:
         return {"session": False}
     stats = session.last_stats or {}
+    cast_layers = [m for m in model.model.modules() if hasattr(m, "comfy_cast_weights")]
     return {"session": True, "runs": session.runs, "open": session.placed is not None,
+            # what ComfyUI's own load put on the device: nothing, every layer left to cast
+            "comfy_loaded_bytes": model.loaded_size(),
+            "comfy_lowvram": bool(model.model.model_lowvram),
+            "layers_cast": all(m.comfy_cast_weights for m in cast_layers),
+            "layers_loaded_by_comfy": sum(bool(getattr(m, "comfy_patched_weights", False))
+                                          for m in cast_layers),
             "patcher_class": type(model).__name__,
             "load_device": str(model.load_device), "offload_device": str(model.offload_device),
             "stats": jsonable(stats)}
 
 
-TE_INVENTORY = "cuda0=5MiB"        # the tiny CLIP is about 6.4 MiB (its token table)
+TE_INVENTORY = "cuda0=5MiB,cuda1=1MiB"   # the tiny CLIP: 3.1 MiB, most of it the token table
 
 
 def clip_calls(tag):
@@ -700,6 +743,11 @@ def clip_calls(tag):
     out = []
     for c in session.calls:
         st = c["stats"]
+        if "split_mode" in st:
+            out.append({"method": c["method"], "outcome": c["outcome"],
+                        "split_mode": st["split_mode"], "ranges": st["ranges"],
+                        "hops": st["hops"], "devices": st["devices"]})
+            continue
         dev = st["devices"]["cuda0"]
         out.append({"method": c["method"], "outcome": c["outcome"], "mode": st["mode"],
                     "streamed_blocks": st["streamed_blocks"], "peak": dev["peak_bytes"],
@@ -776,6 +824,9 @@ async def streaming_scenarios(executor, loader_model):
             out[tag + "_session"] = session_facts(tag)
             out[tag + "_image"] = compare(tag, "lora_reference")
             out[tag + "_vs_plain"] = compare(tag, "reference")
+            # the LoRA was applied to arriving blocks only: the resting weights are the file's
+            out[tag + "_resting_unpatched"] = same_weights(weights_before,
+                                                           module_weights(loader_model))
         # an interrupt in the middle of a step, then a rerun of the same placement
         out["interrupted"] = await run_prompt(executor, pipeline(
             params_backend="diffusion=cpu", interrupt_at=2, tag="interrupted", keep_placed=True,
@@ -789,6 +840,28 @@ async def streaming_scenarios(executor, loader_model):
             params_backend="diffusion=cpu", tag="rerun", keep_placed=True, **base), "rerun")
         out["rerun_session"] = session_facts("rerun")
         out["rerun_image"] = compare("rerun", "reference")
+        # placing the placed model again: only the new plan's engine (or none) remains
+        adapter = pack_module("runtime.comfy")
+        placement = pack_module("placement")
+        inv = placement.Inventory.simulated(STREAM_INVENTORY)
+        placed_model = KEPT["rerun"]["model"]
+        again = {}
+        for label, spec in (("plain", placement.PlacementSpec(backend="cpu")),
+                            ("engine", placement.PlacementSpec(
+                                backend="diffusion=cuda0", stream_layers=True))):
+            plan = placement.plan(spec, inv)
+            obj = adapter.place_objects(plan, inv, {"diffusion": placed_model})[0]["diffusion"]
+            again[label] = {"class": type(obj).__name__,
+                            "wrappers": {k: len(v.get("placement", [])) for k, v in obj.wrappers.items()},
+                            "session_new": obj.get_attachment("placement") is not
+                            placed_model.get_attachment("placement")}
+        out["placed_again"] = again
+        # core's MultiGPU CFG Split copies the model per GPU: refused for an engine model
+        try:
+            KEPT["rerun"]["model"].deepclone_multigpu(torch.device("cpu"))
+            out["multigpu_deepclone"] = None
+        except ValueError as exc:
+            out["multigpu_deepclone"] = f"{type(exc).__name__}: {exc}"
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     # a split over two simulated devices, each smaller than the model
@@ -809,6 +882,25 @@ async def streaming_scenarios(executor, loader_model):
             backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
             split_mode="row", lora="before", tag="split_row_lora"), "split_row_lora")
         out["split_row_lora_image"] = compare("split_row_lora", "lora_reference")
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+    # row split for real: the wide model (about 14 MiB) over two 10 MiB devices
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = "cuda0=10MiB,cuda1=10MiB"
+    try:
+        wide = "tiny_flux_wide.safetensors"
+        out["wide_reference"] = await run_prompt(executor, pipeline(
+            placed=False, unet=wide, tag="wide_reference"), "wide_reference")
+        out["wide_row"] = await run_prompt(executor, pipeline(
+            backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+            split_mode="row", unet=wide, tag="wide_row", keep_placed=True), "wide_row")
+        out["wide_row_session"] = session_facts("wide_row")
+        out["wide_row_image"] = compare("wide_row", "wide_reference")
+        out["wide_model_bytes"] = sum(v.numel() * v.element_size() for v in
+                                      safetensors.torch.load_file(os.path.join(
+                                          ARGS.work, "models", "diffusion_models", wide)).values())
+        out["wide_row_lora_refused"] = await run_prompt(executor, pipeline(
+            backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+            split_mode="row", unet=wide, lora="after", tag="wide_row_lora"), "wide_row_lora")
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     out["original_unchanged"] = model_state(loader_model) == state_before
@@ -938,6 +1030,11 @@ async def main():
             RESULTS[tag + "_image"] = compare(tag, ref)
             RESULTS[tag + "_calls"] = clip_calls(tag + "_clip")
         RESULTS["te_lora_changes_image"] = compare("te_stream_lora", "te_reference")
+        RESULTS["te_split"] = await run_prompt(executor, pipeline(
+            backend="diffusion=cpu,vae=cpu,te=cuda0&cuda1", text=True, tag="te_split",
+            keep_placed=True), "te_split")
+        RESULTS["te_split_image"] = compare("te_split", "te_reference")
+        RESULTS["te_split_calls"] = clip_calls("te_split_clip")
         RESULTS["te_bytes"] = te_bytes()
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]

@@ -158,13 +158,14 @@ def test_adapter_routes_engine_plans_and_refuses_the_rest(results):
     # diffusion plans ComfyUI's patcher cannot express go to the pack's engine
     assert results["adapter"]["engine"] == {"split": True, "disk": True, "stream": True,
                                             "simulated": True}
+    assert results["adapter"]["refusals"]["vae_disk"] is None      # the engine reads it
+    assert "te: params 'disk' is not executed for te" in results["adapter"]["refusals"]["te_disk"]
     refusals = results["adapter"]["refusals"]
     assert refusals["vae_simulated"] is None and refusals["vae_stream"] is None
-    assert "te: streaming (stream_layers) is not executed for te inside ComfyUI yet" \
-        in refusals["te_stream"]
-    assert "te: a split over several devices (cuda0&cuda1) is not executed" \
-        in refusals["te_split"]
-    assert "te: a simulated device is not executed" in refusals["te_simulated"]
+    assert refusals["te_stream"] is None and refusals["te_simulated"] is None
+    assert refusals["te_split"] is None
+    assert "vae: a split over several devices (cuda0&cuda1) is not executed" \
+        in refusals["vae_split"]
     assert all(r is None or r.startswith("PlacementError") for r in refusals.values())
 
 
@@ -227,7 +228,7 @@ def test_adapter_places_every_comfy_type(results):
     cn = t["controlnet"]
     assert cn["new"] and cn["shares_weights"] and cn["original_unchanged"]
     assert cn["devices"] == ["cpu", "cpu", "cpu"]
-    assert "split runtime (issue 5)" in cn["other_device_than_diffusion"]
+    assert "hop devices every step" in cn["other_device_than_diffusion"]
     assert (t["t2i"]["device"], t["t2i"]["original_device"]) == ("cuda:1", "cpu")
     assert "use params cpu" in t["t2i"]["resident_refused"]
     lora = t["control_lora"]
@@ -264,6 +265,12 @@ def test_engine_clone_rebuilds_dynamic_vram_patchers(results):
     assert "--disable-dynamic-vram" in t["engine_dynamic_no_factory"]
 
 
+def test_row_split_with_comfy_lora_is_refused(results):
+    t = results["adapter_types"]
+    assert t["row_split_plain"] is None
+    assert "row split with LoRA patches is not wired" in t["row_split_lora"]
+
+
 def test_auto_fit_plans_the_connected_models(results):
     rec = results["auto_fit"]
     assert rec["valid"] and rec["success"], rec
@@ -290,6 +297,9 @@ def test_streaming_really_happened_within_budget(results, residency):
     session = s[f"stream_{residency}_session"]
     assert session["patcher_class"] == "PlacementModelPatcher"
     assert not session["open"]                          # released when sampling ended
+    # ComfyUI's load_models_gpu moved nothing itself: every layer is left to the cast ops
+    assert session["comfy_loaded_bytes"] == 0 and session["comfy_lowvram"]
+    assert session["layers_cast"] and session["layers_loaded_by_comfy"] == 0
     stats = session["stats"]
     dev = stats["devices"]["cuda0"]
     assert stats["mode"] == "stream" and stats["streamed_blocks"] > 0
@@ -312,6 +322,7 @@ def test_lora_under_streaming_equals_comfyui_fused_lora(results, case):
     assert image["max_abs_diff"] <= 1e-5, image
     assert not s[f"{case}_vs_plain"]["equal"]          # the LoRA did change the picture
     assert s[f"{case}_session"]["stats"]["mode"] == "stream"
+    assert s[f"{case}_resting_unpatched"]          # never baked into the resting copy
 
 
 def test_interrupt_mid_step_then_rerun(results):
@@ -324,6 +335,19 @@ def test_interrupt_mid_step_then_rerun(results):
     _ok(s["rerun"])
     assert s["rerun_session"]["runs"] == s["interrupted_session"]["runs"] + 1
     assert s["rerun_image"]["equal"], s["rerun_image"]
+
+
+def test_placing_a_placed_model_again_keeps_only_the_new_plan(results):
+    again = results["streaming"]["placed_again"]
+    assert again["plain"]["class"] == "ModelPatcher"
+    assert not any(again["plain"]["wrappers"].values())
+    assert again["engine"]["class"] == "PlacementModelPatcher" and again["engine"]["session_new"]
+    assert again["engine"]["wrappers"] == {"outer_sample": 1, "apply_model": 1}
+
+
+def test_engine_model_refuses_multigpu_cfg_split_copies(results):
+    refused = results["streaming"]["multigpu_deepclone"]
+    assert refused.startswith("PlacementError") and "MultiGPU CFG Split" in refused
 
 
 def test_loader_model_unchanged_by_streaming(results):
@@ -364,3 +388,57 @@ def test_vae_decode_on_a_budget_falls_back_to_tiles(results):
     assert all(c["peak"] <= c["capacity"] for c in calls)
     # the same tiles as ComfyUI's own tiled decode (VAE Decode (Tiled), same tile sizes)
     assert results["vae_tiled_image"]["equal"], results["vae_tiled_image"]
+
+
+def test_text_encoder_streamed_equals_the_run_without_placement(results):
+    """A CLIP-architecture text encoder (ComfyUI's CLIP object, CLIPTextEncode) streamed
+    block by block on a simulated device: same conditioning, same image."""
+    _ok(results["te_reference"])
+    _ok(results["te_stream"])
+    assert results["te_stream_image"]["equal"], results["te_stream_image"]
+    calls = results["te_stream_calls"]
+    assert len(calls) == 2                               # positive and negative prompt
+    for c in calls:
+        assert c["method"] == "encode_token_weights" and c["outcome"] == "ok"
+        assert c["mode"] == "stream" and c["streamed_blocks"] == 3
+        assert c["h2d"] >= c["streamed_bytes"] > 0 and c["peak"] <= c["capacity"]
+
+
+def test_text_encoder_lora_under_streaming(results):
+    """ComfyUI fuses a LoRA into the fp16 text-encoder weights (stochastic rounding);
+    the engine path applies it at run time in float32: equal within that rounding."""
+    _ok(results["te_reference_lora"])
+    _ok(results["te_stream_lora"])
+    assert results["te_stream_lora_image"]["max_abs_diff"] <= 1e-4, \
+        results["te_stream_lora_image"]
+    assert results["te_lora_changes_image"]["max_abs_diff"] > 1e-4   # the LoRA is applied
+
+
+def test_text_encoder_layer_split_equals_one_device(results):
+    _ok(results["te_split"])
+    assert results["te_split_image"]["equal"], results["te_split_image"]
+    for c in results["te_split_calls"]:
+        assert c["outcome"] == "ok" and c["split_mode"] == "layer"
+        assert set(c["ranges"]) == {"cuda0", "cuda1"} and c["hops"] == 2
+        for dev in c["devices"].values():
+            assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"]
+
+
+def test_row_split_shards_a_wide_flux_over_two_devices(results):
+    """Row split in ComfyUI on a Flux whose block Linears are 256 wide or more, over two
+    simulated devices each smaller than the model: equal within float32 tolerance (the
+    sharded matmuls sum in another order), every eligible Linear sharded on both."""
+    s = results["streaming"]
+    _ok(s["wide_reference"])
+    _ok(s["wide_row"])
+    assert s["wide_row_image"]["max_abs_diff"] <= 1e-4, s["wide_row_image"]
+    stats = s["wide_row_session"]["stats"]
+    assert stats["split_mode"] == "row" and stats["sharded_linears"] > 0
+    assert stats["shards_per_device"] == {"cuda0": stats["sharded_linears"],
+                                          "cuda1": stats["sharded_linears"]}
+    for dev in stats["devices"].values():
+        assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"] < s["wide_model_bytes"]
+    # a LoRA would be skipped by the sharded layers: refused, not dropped
+    rec = s["wide_row_lora_refused"]
+    assert rec["valid"] and not rec["success"]
+    assert "row split with LoRA patches is not wired" in exec_error_text(rec)

@@ -89,14 +89,18 @@ def test_interrupt_mid_forward_leaves_next_forward_correct(tiny, run_model, plan
     def interrupt(module, args):
         raise KeyboardInterrupt
 
-    with place(model, plan_for("cpu", stream=(0, 2)), "diffusion", sim_inventory):
-        assert torch.equal(run_model(model, inp), ref)
-        handle = block.register_forward_pre_hook(interrupt)
-        with pytest.raises(KeyboardInterrupt):
-            run_model(model, inp)
-        handle.remove()
-        assert torch.equal(run_model(model, inp), ref)
-        assert torch.equal(run_model(model, inp), ref)
+    for first in (True, False):             # interrupted while learning the order, or later
+        with place(model, plan_for("cpu", stream=(0, 2)), "diffusion",
+                   sim_inventory) as placed:
+            if not first:
+                assert torch.equal(run_model(model, inp), ref)
+            handle = block.register_forward_pre_hook(interrupt)
+            with pytest.raises(KeyboardInterrupt):
+                run_model(model, inp)
+            handle.remove()
+            assert torch.equal(run_model(model, inp), ref)
+            assert torch.equal(run_model(model, inp), ref)
+            assert not placed.streamer.dynamic and not placed.streamer.sync
 
 
 def test_release_gives_memory_back_and_next_forward_reloads(tiny, run_model, plan_for,
@@ -116,7 +120,6 @@ def test_refusals_say_why(tiny, plan_for, sim_inventory):
     model, _ = tiny("wan")
     snap = snapshot(model)
     cases = [
-        (plan_for("cpu", runtime="cuda0&cuda1"), "split runtime \\(issue 5\\)"),
         (plan_for("cuda0", stream=(0, 1)), "streaming needs params=cpu or params=disk"),
         (plan_for("disk", stream=(0, 1)), "needs the model file"),
         (plan_for("cpu", stream=(0, -1)), "prefetch_depth >= 0"),
@@ -169,6 +172,23 @@ def test_execution_order_is_learned_on_the_first_forward(plan_for, sim_inventory
     # learned: each forward copies its 4 blocks once, no synchronous reloads; the ring
     # has already started the next forward's first 2 blocks (depth 1: 2 slots)
     assert after - before == (2 * 4 + 2) * block_bytes
+
+
+def test_a_block_never_called_is_never_copied(plan_for, sim_inventory):
+    torch.manual_seed(0)
+    model = Shuffled([3, 0, 2]).eval()                  # blocks[1] is skipped
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        ref = model(x)
+    block_bytes = 16 * 16 * 4 + 16 * 4
+    with place(model, plan_for("cpu", stream=(0, 1)), "diffusion", sim_inventory) as placed:
+        with torch.no_grad():
+            for _ in range(3):
+                assert torch.equal(model(x), ref)
+            h0 = placed.stats()["devices"]["cuda0"]["h2d_bytes"]
+            assert torch.equal(model(x), ref)
+        assert placed.stats()["devices"]["cuda0"]["h2d_bytes"] - h0 == 3 * block_bytes
+        assert placed.streamer.streamed_bytes == 3 * block_bytes
 
 
 def test_block_run_twice_falls_back_to_synchronous_and_stays_correct(plan_for, sim_inventory):
