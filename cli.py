@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-mode", default="", help="layer or row, per module")
     p.add_argument("--offload-mode", default="auto",
                    help="auto-fit preset: auto, none, model, balanced, sequential")
+    p.add_argument("--lora-mode", default="auto", help="how LoRA applies: auto (runtime "
+                   "when streamed, on disk, split or quantized; fused otherwise), fuse, runtime")
     for flag in ("stream-layers", "auto-fit", "offload-to-cpu", "clip-on-cpu", "vae-on-cpu",
                  "control-net-cpu"):
         p.add_argument(f"--{flag}", action="store_true")
@@ -100,7 +102,7 @@ def _cmd_plan(args) -> int:
                          stream_layers=args.stream_layers, auto_fit=args.auto_fit,
                          offload_to_cpu=args.offload_to_cpu, clip_on_cpu=args.clip_on_cpu,
                          vae_on_cpu=args.vae_on_cpu, control_net_cpu=args.control_net_cpu,
-                         offload_mode=args.offload_mode)
+                         offload_mode=args.offload_mode, lora_mode=args.lora_mode)
     result = make_plan(spec, _inventory(args), _models(args.model) or None, strict=True,
                        resolution=_resolution(args.resolution),
                        frames=_positive(args.frames, "frame count"),

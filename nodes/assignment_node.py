@@ -6,7 +6,7 @@ model loads. The resolved plan for this machine is shown in the node.
 from comfy_api.latest import io, ui
 
 from ..placement.errors import PlacementError
-from ..placement.spec import OFFLOAD_MODES, PlacementSpec
+from ..placement.spec import LORA_MODES, OFFLOAD_MODES, PlacementSpec
 from .common import CATEGORY, Placement, PlacementType, node_inventory
 from .planning import make_plan
 
@@ -30,6 +30,11 @@ TIPS = {
                      "(weights rest on cpu).",
     "auto_fit": "Let the planner decide what you left unset to fit every device's budget.",
     "offload_mode": "Offload preset for auto_fit: auto, none, model, balanced, sequential.",
+    "lora_mode": "How LoRA patches apply. auto: at runtime on each arriving block when the "
+                 "weights are streamed, on disk, split or quantized (never baked into the "
+                 "resting copy, and changing a LoRA reloads nothing), fused otherwise. "
+                 "fuse / runtime force one; fuse is refused where it would bake the LoRA "
+                 "into resting weights.",
     "offload_to_cpu": "Weights of every module rest on the cpu (params_backend *=cpu first; "
                       "explicit entries still win).",
     "clip_on_cpu": "Text encoders compute on the cpu (backend te=cpu first).",
@@ -46,12 +51,12 @@ BOOL_INPUTS = ("stream_layers", "auto_fit", "offload_to_cpu", "clip_on_cpu", "va
 
 def build_spec(backend="", params_backend="", max_vram="", split_mode="", stream_layers=False,
                auto_fit=False, offload_mode="auto", offload_to_cpu=False, clip_on_cpu=False,
-               vae_on_cpu=False, control_net_cpu=False) -> PlacementSpec:
+               vae_on_cpu=False, control_net_cpu=False, lora_mode="auto") -> PlacementSpec:
     return PlacementSpec(backend=backend, params_backend=params_backend, max_vram=max_vram,
                          split_mode=split_mode, stream_layers=stream_layers, auto_fit=auto_fit,
                          offload_mode=offload_mode, offload_to_cpu=offload_to_cpu,
                          clip_on_cpu=clip_on_cpu, vae_on_cpu=vae_on_cpu,
-                         control_net_cpu=control_net_cpu)
+                         control_net_cpu=control_net_cpu, lora_mode=lora_mode)
 
 
 class BackendAssignment(io.ComfyNode):
@@ -64,6 +69,9 @@ class BackendAssignment(io.ComfyNode):
         inputs.insert(6, io.Combo.Input("offload_mode", options=list(OFFLOAD_MODES),
                                         default="auto", tooltip=TIPS["offload_mode"]))
         inputs.append(io.Boolean.Input("strict", default=False, tooltip=TIPS["strict"]))
+        # optional, so API prompts written before it existed still validate
+        inputs.append(io.Combo.Input("lora_mode", options=list(LORA_MODES), default="auto",
+                                     optional=True, tooltip=TIPS["lora_mode"]))
         return io.Schema(
             node_id="PlacementBackendAssignment",
             display_name="Backend Assignment",
@@ -89,9 +97,9 @@ class BackendAssignment(io.ComfyNode):
     @classmethod
     def execute(cls, backend, params_backend, max_vram, split_mode, stream_layers, auto_fit,
                 offload_mode, offload_to_cpu, clip_on_cpu, vae_on_cpu, control_net_cpu,
-                strict) -> io.NodeOutput:
+                strict, lora_mode="auto") -> io.NodeOutput:
         spec = build_spec(backend, params_backend, max_vram, split_mode, stream_layers,
                           auto_fit, offload_mode, offload_to_cpu, clip_on_cpu, vae_on_cpu,
-                          control_net_cpu)
+                          control_net_cpu, lora_mode)
         plan = make_plan(spec, node_inventory(), strict=strict)
         return io.NodeOutput(Placement(spec, bool(strict)), ui=ui.PreviewText(plan.report()))

@@ -44,6 +44,7 @@ class ComponentPlan:
     reasons: List[str] = field(default_factory=list)
     present: bool = False           # whether the caller described this component
     total_bytes: int = 0
+    lora: str = "fuse"              # how LoRA patches apply: fuse | runtime (see placement.lora)
 
     @property
     def main_device(self) -> str:
@@ -112,7 +113,10 @@ class Plan:
                     resident_bytes=int(c.get("resident_bytes", 0)),
                     streamed_bytes=int(c.get("streamed_bytes", 0)),
                     reasons=list(c.get("reasons", [])), present=bool(c.get("present", False)),
-                    total_bytes=int(c.get("total_bytes", 0)))
+                    total_bytes=int(c.get("total_bytes", 0)), lora=c.get("lora", "fuse"))
+                if comps[name].lora not in ("fuse", "runtime"):
+                    raise PlacementError(f"invalid lora {comps[name].lora!r} for {name}; "
+                                         f"expected fuse or runtime")
             known = {"version", "devices", "components", "warnings"}
             return cls(devices, comps, list(data.get("warnings", [])),
                        extra={k: v for k, v in data.items() if k not in known})
@@ -149,6 +153,7 @@ def _component_dict(c: ComponentPlan) -> dict:
         "blocks": {k: list(v) for k, v in c.blocks.items()},
         "resident_bytes": c.resident_bytes, "streamed_bytes": c.streamed_bytes,
         "reasons": list(c.reasons), "present": c.present, "total_bytes": c.total_bytes,
+        "lora": c.lora,
     }
 
 

@@ -27,10 +27,11 @@ def render_plan(plan) -> str:
             format_bytes(cp.total_bytes) if cp.present else "-",
             format_bytes(cp.resident_bytes) if cp.present else "-",
             format_bytes(cp.streamed_bytes) if cp.present and cp.stream else "-",
+            cp.lora,
         ])
     out = [f"placement plan (schema v{plan.version})", ""]
     out += table(["component", "runtime", "params", "split", "stream", "size", "on device",
-                  "streamed/step"], comp_rows)
+                  "streamed/step", "lora"], comp_rows)
     fitted = plan.extra.get("device_table")
     if fitted:      # auto-fit's breakdown, like llama.cpp --fit: use per phase, deficits
         phases = [p for p in fitted[0]["phases"]]

@@ -122,6 +122,7 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
     """Resolve `spec` for the seven components. `components` describes what is loaded
     ({component: path | [paths] | nn.Module | ComponentInfo}); with auto_fit it is what
     the planner fits, without it sizes only fill in the report and the warnings."""
+    from .lora import decide_lora
     request = resolve_request(spec, inventory, strict)
     infos = describe_components(components, resolution, frames, batch)
     if spec.auto_fit:
@@ -130,10 +131,12 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
                              frames=frames, batch=batch, **fit_options)
         result = fit(request, inventory, infos, options)
         result.warnings[:0] = request.warnings
-        return result
-    if fit_options:
-        raise PlacementError(f"option(s) {', '.join(sorted(fit_options))} need auto_fit")
-    return explicit_plan(request, inventory, infos)
+    else:
+        if fit_options:
+            raise PlacementError(f"option(s) {', '.join(sorted(fit_options))} need auto_fit")
+        result = explicit_plan(request, inventory, infos)
+    decide_lora(result, infos, spec.lora_mode)
+    return result
 
 
 def explicit_plan(request: Request, inventory: Inventory, infos) -> Plan:

@@ -21,6 +21,7 @@ from .units import ACCEPTED as BYTES_ACCEPTED, parse_bytes
 DEFAULT_KEYS = ("all", "default", "*")
 SPLIT_MODES = ("layer", "row")
 OFFLOAD_MODES = ("auto", "none", "model", "balanced", "sequential")
+LORA_MODES = ("auto", "fuse", "runtime")
 _DEVICE_TOKEN = re.compile(r"^[a-z][a-z0-9]*(?::\d+)?$|^[a-z][a-z0-9.]*$")
 
 Value = Optional[Tuple[str, ...]]   # runtime: device tokens (a split if >1); None = auto
@@ -192,13 +193,13 @@ class PlacementSpec:
 
     FIELDS = ("backend", "params_backend", "max_vram", "split_mode", "stream_layers",
               "auto_fit", "offload_to_cpu", "clip_on_cpu", "vae_on_cpu", "control_net_cpu",
-              "offload_mode")
+              "offload_mode", "lora_mode")
 
     def __init__(self, backend: str = "", params_backend: str = "", max_vram="",
                  split_mode: str = "", stream_layers: bool = False, auto_fit: bool = False,
                  offload_to_cpu: bool = False, clip_on_cpu: bool = False,
                  vae_on_cpu: bool = False, control_net_cpu: bool = False,
-                 offload_mode: str = "auto"):
+                 offload_mode: str = "auto", lora_mode: str = "auto"):
         self.backend = _text(backend, "backend")
         self.params_backend = _text(params_backend, "params_backend")
         self.max_vram = max_vram if isinstance(max_vram, (int, float)) and \
@@ -215,6 +216,11 @@ class PlacementSpec:
             raise PlacementError(f"invalid offload_mode {offload_mode!r}; expected one of "
                                  f"{', '.join(OFFLOAD_MODES)}")
         self.offload_mode = mode
+        lora = _text(lora_mode, "lora_mode").strip().lower() or "auto"
+        if lora not in LORA_MODES:
+            raise PlacementError(f"invalid lora_mode {lora_mode!r}; expected one of "
+                                 f"{', '.join(LORA_MODES)}")
+        self.lora_mode = lora
 
         # The compatibility flags prepend entries, so explicit entries still win.
         runtime_prefix = [(comp, "cpu") for comp, on in
@@ -249,5 +255,5 @@ class PlacementSpec:
         return f"PlacementSpec({set_fields})"
 
 
-__all__ = ["PlacementSpec", "Assignment", "SPLIT_MODES", "OFFLOAD_MODES", "COMPONENTS",
+__all__ = ["PlacementSpec", "Assignment", "SPLIT_MODES", "OFFLOAD_MODES", "LORA_MODES", "COMPONENTS",
            "BYTES_ACCEPTED"]

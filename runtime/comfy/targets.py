@@ -37,10 +37,12 @@ class Target:
 # What the pack's engine runs inside ComfyUI, per component (everything else goes through
 # ComfyUI's own patchers, or is refused below).
 ENGINE_RUNS = {
-    "diffusion": ("stream", "disk", "split", "simulated"),
+    "diffusion": ("stream", "disk", "split", "simulated", "lora"),
     "vae": ("disk", "simulated"),
-    "te": ("stream", "split", "simulated"),
+    "te": ("stream", "split", "simulated", "lora"),
 }
+# Components ComfyUI patches with LoRA (the others never carry LoRA patches).
+LORA_COMPONENTS = ("diffusion", "te")
 
 
 def _torch_device(inventory: Inventory, name: str, component: str, role: str) -> torch.device:
@@ -66,6 +68,10 @@ def engine_needs(cp: ComponentPlan, inventory: Inventory) -> list:
     names = list(cp.runtime) + ([cp.params] if cp.params not in ("cpu", "disk") else [])
     if any(inventory.get(n).simulated for n in names):
         needs.append("simulated")
+    if cp.lora == "runtime" and cp.component in LORA_COMPONENTS and not needs:
+        # ComfyUI fuses LoRA into fully loaded weights; the engine keeps them unpatched
+        # and ComfyUI's cast path applies the patches at each forward
+        needs.append("lora")
     return needs
 
 
@@ -75,6 +81,7 @@ def needs_engine(cp: ComponentPlan, inventory: Inventory) -> bool:
 
 
 WHAT = {"stream": "streaming (stream_layers)", "disk": "params 'disk'",
+        "lora": "runtime LoRA (lora_mode runtime)",
         "split": "a split over several devices", "simulated": "a simulated device"}
 
 

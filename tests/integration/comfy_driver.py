@@ -827,6 +827,21 @@ async def streaming_scenarios(executor, loader_model):
             # the LoRA was applied to arriving blocks only: the resting weights are the file's
             out[tag + "_resting_unpatched"] = same_weights(weights_before,
                                                            module_weights(loader_model))
+        # lora_mode runtime on a resident model (cpu, nothing streamed): ComfyUI would fuse;
+        # the engine keeps the weights unpatched and ComfyUI's cast path patches each forward
+        tag = "lora_runtime_resident"
+        out[tag] = await run_prompt(executor, pipeline(
+            backend="diffusion=cpu,vae=cpu", lora="before", lora_mode="runtime", tag=tag,
+            keep_placed=True), tag)
+        out[tag + "_session"] = session_facts(tag)
+        out[tag + "_image"] = compare(tag, "lora_reference")
+        out[tag + "_vs_plain"] = compare(tag, "reference")
+        out[tag + "_resting_unpatched"] = same_weights(weights_before,
+                                                       module_weights(loader_model))
+        # lora_mode fuse where it would bake into streamed weights: a node error at queue time
+        out["lora_fuse_streamed"] = await run_prompt(executor, pipeline(
+            params_backend="diffusion=cpu", lora="before", lora_mode="fuse",
+            tag="lora_fuse_streamed", **base), "lora_fuse_streamed")
         # an interrupt in the middle of a step, then a rerun of the same placement
         out["interrupted"] = await run_prompt(executor, pipeline(
             params_backend="diffusion=cpu", interrupt_at=2, tag="interrupted", keep_placed=True,

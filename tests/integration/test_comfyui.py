@@ -325,6 +325,24 @@ def test_lora_under_streaming_equals_comfyui_fused_lora(results, case):
     assert s[f"{case}_resting_unpatched"]          # never baked into the resting copy
 
 
+def test_lora_mode_runtime_on_a_resident_model(results):
+    """lora_mode runtime: the engine runs a model ComfyUI would have fused, the patches
+    apply at each forward, and the result equals ComfyUI's fused LoRA."""
+    s = results["streaming"]
+    _ok(s["lora_runtime_resident"])
+    assert s["lora_runtime_resident_image"]["max_abs_diff"] <= 1e-5
+    assert not s["lora_runtime_resident_vs_plain"]["equal"]
+    session = s["lora_runtime_resident_session"]
+    assert session["session"] and session["layers_loaded_by_comfy"] == 0
+    assert s["lora_runtime_resident_resting_unpatched"]
+
+
+def test_lora_mode_fuse_on_streamed_weights_is_refused(results):
+    rec = results["streaming"]["lora_fuse_streamed"]
+    assert not rec.get("success")
+    assert "lora_mode fuse cannot apply to diffusion" in json.dumps(rec)
+
+
 def test_interrupt_mid_step_then_rerun(results):
     s = results["streaming"]
     rec = s["interrupted"]
