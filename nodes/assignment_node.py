@@ -81,6 +81,9 @@ class BackendAssignment(io.ComfyNode):
                         "--params-backend grammar. Connect to Apply Placement.",
             inputs=inputs,
             outputs=[PlacementType.Output("placement")],
+            # an output node, so queueing a graph shows this machine's plan in the node
+            # even before anything is connected to it
+            is_output_node=True,
         )
 
     @classmethod

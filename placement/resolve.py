@@ -37,13 +37,13 @@ class Request:
 
 
 def _resolve_name(inventory: Inventory, token: str, strict: bool, where: str,
-                  warnings: List[str]) -> Optional[str]:
+                  warnings: List[str], fallback: str = "falling back to auto") -> Optional[str]:
     try:
         return inventory.resolve(token).name
     except PlacementError as exc:
         if strict:
             raise
-        warnings.append(f"{where}: {exc}; falling back to auto")
+        warnings.append(f"{where}: {exc}; {fallback}")
         return None
 
 
@@ -90,7 +90,8 @@ def resolve_request(spec: PlacementSpec, inventory: Inventory, strict: bool = Tr
         for d in inventory.accelerators():
             budgets[d.name] = _resolve_budget(inventory, spec.budgets.default, d.name)
     for token, value in spec.budgets.modules.items():
-        name = _resolve_name(inventory, token, strict, "max_vram key", warnings)
+        name = _resolve_name(inventory, token, strict, "max_vram key", warnings,
+                             "that budget is ignored")
         if name is not None:
             budgets[name] = _resolve_budget(inventory, value, name)
     return Request(choices, budgets, spec.stream_layers, warnings, spec.offload_mode)

@@ -9,6 +9,10 @@
   ComfyUI detaches (unloads) the model. Resident blocks thus stay across steps and are
   released before VAE decode. Leaving the placement restores the module's tensors.
 
+ComfyUI's memory manager sees the device memory of the placement through one stand-in
+patcher per device, an additional model of the clone (shares.py): it frees room for it
+before a run, and when it needs the room back the session leaves the placement.
+
 The session is an attachment of the clone ("placement"), so clones made after Apply
 Placement (a LoRA loader, a patch node) share it; `session.last_stats` holds the
 ledger figures of the last run (runtime.place stats()).
@@ -26,6 +30,8 @@ from ...placement.errors import PlacementError
 from ...runtime.place import place
 from .engine_patcher import KEY, engine_patcher_class, strip_engine
 from .inference import make_weights_normal
+from .row_lora import row_lora_options
+from .shares import register_shares
 
 log = logging.getLogger("comfyui-placement")
 
@@ -69,6 +75,7 @@ class EngineSession:
         self.placed = None
         self.last_stats = None
         self.runs = 0
+        self.releases: List[str] = []     # devices ComfyUI asked room on (shares.py)
 
     # ComfyUI copies attachments into clones with this hook; one session per module.
     def on_model_patcher_clone(self):
@@ -96,6 +103,19 @@ class EngineSession:
             f"disk or simulated) cannot be combined with MultiGPU CFG Split; split it with "
             f"Backend Assignment instead (e.g. diffusion=cuda0&cuda1)")
 
+    def release_for_comfy(self, device: str) -> None:
+        """ComfyUI's memory manager wants room on `device` (shares.py): leave the
+        placement, which gives every device's memory back (the engine cannot release one
+        device alone). The next model call opens it again; a call already under way
+        finishes on ComfyUI's cast path, from the weights where they rest. Outside a
+        run nothing is held and nothing happens."""
+        if self.placed is None:
+            return
+        self.close()
+        self.releases.append(device)
+        log.info("placement %s: device memory given back to ComfyUI (room asked on %s)",
+                 self.component, device)
+
     def open(self, module) -> None:
         options = {}
         if self.plan.components[self.component].params == "disk":
@@ -108,13 +128,14 @@ class EngineSession:
                        "key_map": file_key_map(self.weights_file, module)}
         cp = self.plan.components[self.component]
         make_weights_normal(module)          # see inference.py
-        if cp.is_split:
-            refuse_row_split_with_patches(module, cp)
-        placed = place(module, self.plan, self.component, self.inventory, **options)
-        # ComfyUI samples under inference_mode; buffers made there would be inference
-        # tensors, which the engine's copy thread (outside inference mode) may not write.
-        with torch.inference_mode(False):
-            placed.__enter__()
+        # row split: ComfyUI's LoRA patches on the sharded Linears go in as lora= (row_lora)
+        with row_lora_options(module, cp) as lora_options:
+            placed = place(module, self.plan, self.component, self.inventory, **options,
+                           **lora_options)
+            # ComfyUI samples under inference_mode; buffers made there would be inference
+            # tensors, which the engine's copy thread (outside inference mode) may not write.
+            with torch.inference_mode(False):
+                placed.__enter__()
         self.placed = placed
         self.runs += 1
 
@@ -129,18 +150,6 @@ class EngineSession:
             log.info("placement %s on %s: peak %d of %d bytes, %d bytes copied in",
                      self.component, name, d.get("peak_bytes", 0),
                      d.get("capacity_bytes", 0), d.get("h2d_bytes", 0))
-
-
-def refuse_row_split_with_patches(module, cp) -> None:
-    """Row split shards Linear layers with its own kernels, which would skip ComfyUI's
-    LoRA weight functions: refuse rather than drop the LoRA silently."""
-    from ...runtime.split import RowSplit
-    if cp.split_mode != "row" or not RowSplit.applies(module, None):
-        return
-    if any(getattr(m, "weight_function", None) for m in module.modules()):
-        raise PlacementError(
-            f"{cp.component}: row split with LoRA patches is not wired to ComfyUI's patches "
-            f"yet (the sharded layers would skip them); use split_mode layer")
 
 
 def engine_clone(patcher, load_device, offload_device, what: str):
@@ -184,6 +193,8 @@ def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
     clone.add_callback_with_key(ext.CallbacksMP.ON_DETACH, KEY, session.on_detach)
     clone.add_callback_with_key(ext.CallbacksMP.ON_DEEPCLONE_MULTIGPU, KEY,
                                 session.on_deepclone_multigpu)
+    notes.extend(register_shares(clone, session, plan, inventory,
+                                 clone.model.diffusion_model))
     on = "&".join(cp.runtime)
     mode = ("streamed" if cp.stream is not None else "placed") + \
         f" by the pack's engine on {on}"

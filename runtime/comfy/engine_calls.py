@@ -23,8 +23,9 @@ import torch
 
 from ...placement.errors import PlacementError
 from ...runtime.place import place
-from .engine import engine_clone, refuse_row_split_with_patches
+from .engine import engine_clone
 from .inference import make_weights_normal
+from .row_lora import row_lora_options
 
 log = logging.getLogger("comfyui-placement")
 WRAPPED = "inner."               # name prefix of the module's tensors inside the wrapper
@@ -65,13 +66,14 @@ class CallSession:
                        "key_map": lambda k: inner_map(k[len(WRAPPED):])}
         make_weights_normal(module)
         cp = self.plan.components[self.component]
-        if cp.is_split:
-            refuse_row_split_with_patches(module, cp)
-        placed = place(wrapper, self.plan, self.component, self.inventory, **options)
-        record = {"method": method, "outcome": "raised"}
-        self.calls.append(record)
-        with torch.inference_mode(False):
-            placed.__enter__()
+        # row split: ComfyUI's LoRA patches on the sharded Linears go in as lora= (row_lora)
+        with row_lora_options(wrapper, cp) as lora_options:
+            placed = place(wrapper, self.plan, self.component, self.inventory, **options,
+                           **lora_options)
+            record = {"method": method, "outcome": "raised"}
+            self.calls.append(record)
+            with torch.inference_mode(False):
+                placed.__enter__()
         try:
             out = wrapper(*args, **kwargs)
             record["outcome"] = "ok"

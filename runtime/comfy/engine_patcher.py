@@ -21,6 +21,7 @@ from ...placement.errors import PlacementError
 
 NOTHING = 1            # bytes: with this budget ComfyUI's load keeps every layer offloaded
 KEY = "placement"      # key of the engine's wrappers, callbacks and attachment
+SHARES_KEY = "placement_shares"   # additional models: the per-device shares (shares.py)
 
 _CLASSES = {}
 
@@ -47,6 +48,7 @@ def strip_engine(clone) -> None:
     for kind in (ext.CallbacksMP.ON_DETACH, ext.CallbacksMP.ON_DEEPCLONE_MULTIGPU):
         clone.remove_callbacks_with_key(kind, KEY)
     clone.remove_attachments(KEY)
+    clone.remove_additional_models(SHARES_KEY)
 
 
 class EngineLoad:
@@ -80,6 +82,14 @@ class EngineLoad:
                     f"ComfyUI's cast ops, so the patch cannot be applied at run time to a "
                     f"placed (streamed/disk/simulated) model; place the model without "
                     f"stream_layers/disk, or drop that patch")
+
+    def model_size(self):
+        # ComfyUI's memory manager frees room on the load device for model_size() minus
+        # loaded_size(). With per-device shares registered (shares.py) the shares carry
+        # the engine's device memory; this patcher's own load puts nothing there.
+        if self.get_additional_models_with_key(SHARES_KEY):
+            return 0
+        return super().model_size()
 
     def pin_weight_to_device(self, key):
         return None

@@ -99,6 +99,29 @@ def build_models(work):
             lora[f"{base}.lora_up.weight"] = torch.randn(mod.out_features, rank) * 0.1
             lora[f"{base}.alpha"] = torch.tensor(float(rank))
     safetensors.torch.save_file(lora, os.path.join(lora_dir, "tiny_flux_lora.safetensors"))
+    # the wide model's: a plain LoRA on every block Linear (all row-splittable), and on
+    # one of them the kinds row split cannot slice: LoHa, DoRA, a bias diff
+    wide_lora = {}
+    for name, mod in wide.named_modules():
+        if isinstance(mod, torch.nn.Linear) and "blocks." in name:
+            base = f"diffusion_model.{name}"
+            wide_lora[f"{base}.lora_down.weight"] = torch.randn(rank, mod.in_features) * 0.1
+            wide_lora[f"{base}.lora_up.weight"] = torch.randn(mod.out_features, rank) * 0.1
+            wide_lora[f"{base}.alpha"] = torch.tensor(float(rank))
+    safetensors.torch.save_file(wide_lora, os.path.join(lora_dir, "tiny_flux_wide_lora.safetensors"))
+    base, (n_out, n_in) = ("diffusion_model.double_blocks.0.img_attn.proj",
+                           wide.double_blocks[0].img_attn.proj.weight.shape)
+    loha = {f"{base}.hada_w1_a": torch.randn(n_out, rank) * 0.1,
+            f"{base}.hada_w1_b": torch.randn(rank, n_in) * 0.1,
+            f"{base}.hada_w2_a": torch.randn(n_out, rank) * 0.1,
+            f"{base}.hada_w2_b": torch.randn(rank, n_in) * 0.1,
+            f"{base}.alpha": torch.tensor(float(rank))}
+    dora = {f"{base}.lora_down.weight": torch.randn(rank, n_in) * 0.1,
+            f"{base}.lora_up.weight": torch.randn(n_out, rank) * 0.1,
+            f"{base}.dora_scale": torch.ones(n_out, 1)}
+    bias = {f"{base}.diff_b": torch.randn(n_out) * 0.1}
+    for kind, sd in (("loha", loha), ("dora", dora), ("bias_diff", bias)):
+        safetensors.torch.save_file(sd, os.path.join(lora_dir, f"tiny_flux_wide_{kind}.safetensors"))
     # and one for the tiny CLIP's attention and MLP layers (ComfyUI's text-encoder keys)
     clip_lora, hidden, inter = {}, TINY_CLIP_CONFIG["hidden_size"], TINY_CLIP_CONFIG["intermediate_size"]
     for layer in range(TINY_CLIP_CONFIG["num_hidden_layers"]):
@@ -388,7 +411,7 @@ async def start_comfy(pack_dir, work):
 def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run", keep=False,
              lora=None, interrupt_at=None, keep_placed=False, batch=1, keep_placed_vae=False,
              tiled_decode=False, text=False, te_lora=False, unet="tiny_flux.safetensors",
-             **flags):
+             lora_name="tiny_flux_lora.safetensors", **flags):
     """UNETLoader + VAELoader -> [Backend Assignment -> Apply Placement] -> KSampler ->
     VAEDecode -> sink, plus the keep node on the loaders' own outputs."""
     model, vae = ["1", 0], ["2", 0]
@@ -406,7 +429,7 @@ def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run"
                         "inputs": {"model": model, "vae": vae, "tag": tag}}
     if lora == "before":
         prompt["30"] = {"class_type": "LoraLoaderModelOnly", "inputs": {
-            "model": model, "lora_name": "tiny_flux_lora.safetensors", "strength_model": 0.8}}
+            "model": model, "lora_name": lora_name, "strength_model": 0.8}}
         model = ["30", 0]
     clip = None
     if text:       # a real text encoder instead of random conditioning
@@ -441,7 +464,7 @@ def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run"
                             "inputs": {"model": model, "tag": tag}}
     if lora == "after":
         prompt["31"] = {"class_type": "LoraLoaderModelOnly", "inputs": {
-            "model": model, "lora_name": "tiny_flux_lora.safetensors", "strength_model": 0.8}}
+            "model": model, "lora_name": lora_name, "strength_model": 0.8}}
         model = ["31", 0]
     if interrupt_at is not None:
         prompt["32"] = {"class_type": "PlacementTestInterrupt",
@@ -688,21 +711,49 @@ def adapter_type_facts():
                                "original_dynamic": dyn.is_dynamic(), "notes": notes}
     facts["engine_dynamic_no_factory"] = err(engine.engine_clone, FakeDynamicPatcher(factory=False),
                                              cuda1, cpu, "diffusion")
-    # row split would skip ComfyUI's LoRA weight functions: refused when both are present
-    placement = pack_module("placement")
+    # row split takes ComfyUI's LoRA patches as (up, down, scale): on ComfyUI's own
+    # adapters and LowVramPatch, the converted delta equals calculate_weight's
+    import comfy.model_patcher
+    import comfy.weight_adapter as adapters
+    row_lora = pack_module("runtime.comfy.row_lora")
 
     class Rows(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.layers = torch.nn.ModuleList(
-                [torch.nn.Sequential(comfy.ops.manual_cast.Linear(256, 256)) for _ in range(2)])
+                [torch.nn.Sequential(comfy.ops.manual_cast.Linear(256, 512)) for _ in range(2)])
     rows = Rows()
-    inv = placement.Inventory.simulated("cuda0=8GiB,cuda1=8GiB")
-    row_cp = placement.plan(placement.PlacementSpec(backend="diffusion=cuda0&cuda1",
-                                                    split_mode="row"), inv).components["diffusion"]
-    facts["row_split_plain"] = err(engine.refuse_row_split_with_patches, rows, row_cp)
-    rows.layers[0][0].weight_function = [lambda w: w]
-    facts["row_split_lora"] = err(engine.refuse_row_split_with_patches, rows, row_cp)
+    lin = rows.layers[0][0]
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(512, 256, generator=gen))
+    key = "diffusion_model.layers.0.0.weight"
+    patches = {key: [
+        (0.7, adapters.LoRAAdapter(set(), (torch.randn(512, 4, generator=gen),
+                                           torch.randn(4, 256, generator=gen), 2.0,
+                                           None, None, None)), 1.0, None, None),
+        # on rows 256..511 only (as a LoRA on k of a fused qkv), no alpha
+        (1.2, adapters.LoRAAdapter(set(), (torch.randn(256, 2, generator=gen),
+                                           torch.randn(2, 256, generator=gen), None,
+                                           None, None, None)), 1.0, (0, 256, 256), None)]}
+    lin.weight_function = [comfy.model_patcher.LowVramPatch(key, patches)]
+    converted, _ = row_lora.comfy_lora_for_rows(rows, "diffusion")
+    w = lin.weight.detach().clone()
+    comfy_w = lin.weight_function[0](w.clone())
+    ours = w + sum(s * (u @ d) for u, d, s in converted["layers.0.0"])
+    facts["row_lora_vs_calculate_weight"] = {
+        "entries": len(converted["layers.0.0"]),
+        "max_abs_diff": float((comfy_w - ours).abs().max()),
+        "max_abs_delta": float((comfy_w - w).abs().max())}
+    rank = 3
+    patches[key] = [(1.0, adapters.LoHaAdapter(set(), (
+        torch.randn(512, rank), torch.randn(rank, 256), None, torch.randn(512, rank),
+        torch.randn(rank, 256), None, None, None)), 1.0, None, None)]
+    try:
+        row_lora.comfy_lora_for_rows(rows, "diffusion")
+        facts["row_lora_loha"] = None
+    except Exception as exc:
+        facts["row_lora_loha"] = f"{type(exc).__name__}: {exc}"
     return facts
 
 
@@ -913,9 +964,33 @@ async def streaming_scenarios(executor, loader_model):
         out["wide_model_bytes"] = sum(v.numel() * v.element_size() for v in
                                       safetensors.torch.load_file(os.path.join(
                                           ARGS.work, "models", "diffusion_models", wide)).values())
-        out["wide_row_lora_refused"] = await run_prompt(executor, pipeline(
-            backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
-            split_mode="row", unet=wide, lora="after", tag="wide_row_lora"), "wide_row_lora")
+        # with ComfyUI's LoRA patches, sliced by rows; against ComfyUI's own fused run
+        wide_lora = "tiny_flux_wide_lora.safetensors"
+        out["wide_lora_reference"] = await run_prompt(executor, pipeline(
+            placed=False, unet=wide, lora="before", lora_name=wide_lora,
+            tag="wide_lora_reference"), "wide_lora_reference")
+        out["wide_lora_changes_image"] = compare("wide_lora_reference", "wide_reference")
+        for where in ("before", "after"):
+            tag = f"wide_row_lora_{where}"
+            out[tag] = await run_prompt(executor, pipeline(
+                backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+                split_mode="row", unet=wide, lora=where, lora_name=wide_lora, tag=tag,
+                keep_placed=True), tag)
+            out[tag + "_session"] = session_facts(tag)
+            out[tag + "_image"] = compare(tag, "wide_lora_reference")
+        # the shared module holds the file's weights after the runs (LoRA never baked in)
+        wide_file = safetensors.torch.load_file(os.path.join(
+            ARGS.work, "models", "diffusion_models", wide))
+        kept = KEPT.get("wide_row_lora_before", {}).get("model")
+        out["wide_weights_unchanged_by_row_lora"] = kept is not None and same_weights(
+            module_weights(kept), wide_file)
+        # patch kinds row split cannot slice exactly: refused, never dropped
+        for kind in ("loha", "dora", "bias_diff"):
+            tag = f"wide_row_{kind}"
+            out[tag] = await run_prompt(executor, pipeline(
+                backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+                split_mode="row", unet=wide, lora="after",
+                lora_name=f"tiny_flux_wide_{kind}.safetensors", tag=tag), tag)
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     out["original_unchanged"] = model_state(loader_model) == state_before

@@ -265,10 +265,14 @@ def test_engine_clone_rebuilds_dynamic_vram_patchers(results):
     assert "--disable-dynamic-vram" in t["engine_dynamic_no_factory"]
 
 
-def test_row_split_with_comfy_lora_is_refused(results):
+def test_row_lora_conversion_matches_comfy_calculate_weight(results):
+    """ComfyUI's own LoRAAdapter + LowVramPatch (one patch whole, one at a row offset):
+    the row split's (up, down, scale) entries give calculate_weight's weight."""
     t = results["adapter_types"]
-    assert t["row_split_plain"] is None
-    assert "row split with LoRA patches is not wired" in t["row_split_lora"]
+    c = t["row_lora_vs_calculate_weight"]
+    assert c["entries"] == 2 and c["max_abs_delta"] > 1.0
+    assert c["max_abs_diff"] <= 1e-5 * c["max_abs_delta"], c
+    assert "loha patch" in t["row_lora_loha"] and "layers.0.0" in t["row_lora_loha"]
 
 
 def test_auto_fit_plans_the_connected_models(results):
@@ -456,7 +460,36 @@ def test_row_split_shards_a_wide_flux_over_two_devices(results):
                                           "cuda1": stats["sharded_linears"]}
     for dev in stats["devices"].values():
         assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"] < s["wide_model_bytes"]
-    # a LoRA would be skipped by the sharded layers: refused, not dropped
-    rec = s["wide_row_lora_refused"]
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_row_split_with_lora_equals_comfyui_fused_lora(results, where):
+    """A LoRA on every block Linear of the wide Flux (LoraLoaderModelOnly before or after
+    Apply Placement), row split over two devices: ComfyUI's patches are sliced by rows
+    and the image equals ComfyUI's own fused LoRA run within float32 tolerance (bound
+    1e-4 on the image, as without LoRA)."""
+    s = results["streaming"]
+    _ok(s["wide_lora_reference"])
+    assert not s["wide_lora_changes_image"]["equal"]
+    assert s["wide_lora_changes_image"]["max_abs_diff"] > 1e-2   # the LoRA matters
+    tag = f"wide_row_lora_{where}"
+    _ok(s[tag])
+    assert s[tag + "_image"]["max_abs_diff"] <= 1e-4, s[tag + "_image"]
+    stats = s[tag + "_session"]["stats"]
+    assert stats["split_mode"] == "row" and stats["sharded_linears"] > 0
+    assert stats["shards_per_device"] == {"cuda0": stats["sharded_linears"],
+                                          "cuda1": stats["sharded_linears"]}
+    for dev in stats["devices"].values():
+        assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"] < s["wide_model_bytes"]
+    assert s["wide_weights_unchanged_by_row_lora"]
+
+
+@pytest.mark.parametrize("kind, words", [("loha", "loha patch"),
+                                         ("dora", "DoRA patch"),
+                                         ("bias_diff", "bias diff patch")])
+def test_row_split_refuses_patches_it_cannot_slice(results, kind, words):
+    rec = results["streaming"][f"wide_row_{kind}"]
     assert rec["valid"] and not rec["success"]
-    assert "row split with LoRA patches is not wired" in exec_error_text(rec)
+    text = exec_error_text(rec)
+    assert words in text and "double_blocks.0.img_attn.proj" in text, text
+    assert "use split_mode layer" in text

@@ -1,0 +1,268 @@
+"""ComfyUI's memory manager sees the device memory the pack's engine holds.
+
+A MODEL placed by the engine (engine.py) gets one stand-in patcher per accelerator of
+its plan, an `EngineShare`, registered with `set_additional_models(SHARES_KEY, ...)`.
+ComfyUI's sampler loads a model's additional models together with it
+(`prepare_sampling` -> `load_models_gpu([model] + models)`), so each share becomes a
+`LoadedModel` on its device, and ComfyUI's own code does the rest:
+- before a run it frees room on every share's device for `model_size()` (the bytes the
+  plan holds there) - and nothing for the main patcher itself, whose own load puts
+  nothing on the device (`EngineLoad.model_size` is 0 when shares are registered);
+- while the placement is open `loaded_size()` is what the engine's ledger holds on that
+  device (resident weights + ring slots); outside a run it is 0, since the engine gives
+  everything back when sampling ends (engine.py);
+- when ComfyUI needs room there (`free_memory`, `unload_all_models`) it calls the
+  share's `partially_unload` / `detach`: the engine releases the placement (every
+  device: it cannot give back one device's share alone) and the next model call loads
+  again.
+
+Planned bytes per device (`planned_shares`), resident weights plus stream ring slots,
+without activation headroom (ComfyUI adds its own activation estimate to every device it
+frees room on):
+- a plan made by auto-fit: plan.extra["fit"]["components"][c]["held_bytes"] less the
+  component's "headroom_bytes" (the planner's figure, headroom included);
+- otherwise from the plan and the module's block sizes, the way the engine places them:
+  one device: everything, or when streamed the non-block weights + the first K blocks
+  + (min(depth, streamed - 1) + 1) slots of the largest streamed block; layer split:
+  the main device's non-block weights + each device's block range (a range over its
+  budget: resident prefix + slots, as runtime/split/layer.py streams it); row split:
+  each device's rows of the eligible Linears (runtime/split/row.py's counts), the rest
+  on the main device.
+Devices of kind cpu get no share: ComfyUI does not manage the host's memory this way.
+"""
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+import comfy.model_patcher
+
+from ...placement.errors import PlacementError
+from .engine_patcher import SHARES_KEY      # additional_models key; one share per device
+
+
+# -- what the plan holds on each device ---------------------------------------------------
+def planned_shares(plan, component: str, inventory, module) -> Tuple[Dict[str, int], str]:
+    """{device name: bytes} for the accelerators of the component's runtime, and the
+    basis in words."""
+    cp = plan.components[component]
+    gpus = [d for d in cp.runtime if plan.device(d).kind != "cpu"]
+    fit = (((plan.extra or {}).get("fit") or {}).get("components") or {}).get(component)
+    if fit and fit.get("held_bytes"):
+        headroom = int(fit.get("headroom_bytes") or 0)
+        held = {d: max(0, int(b) - headroom) for d, b in fit["held_bytes"].items()}
+        return {d: held.get(d, 0) for d in gpus}, "auto-fit held bytes less headroom"
+    caps = [_capacity(plan, inventory, d) for d in cp.runtime]
+    headroom = [0] * len(cp.runtime)          # explicit plans: the engine reserves none
+    if cp.is_split and cp.split_mode == "row":
+        from ...runtime.split.row import RowSplit
+        if RowSplit.applies(module, None):
+            sizes = _row_split_bytes(module, caps, headroom)
+            basis = "row split shards"
+        else:
+            sizes = _layer_split_bytes(cp, module, caps, headroom)
+            basis = "layer split ranges (row split does not apply)"
+    elif cp.is_split:
+        sizes = _layer_split_bytes(cp, module, caps, headroom)
+        basis = "layer split ranges" + (" with streaming" if cp.stream else "")
+    else:
+        sizes = [_one_device_bytes(cp, module)]
+        basis = "streamed: resident blocks + ring slots" if cp.stream else "whole model"
+    out = dict(zip(cp.runtime, sizes))
+    return {d: out[d] for d in gpus}, basis
+
+
+def _capacity(plan, inventory, name: str) -> int:
+    """The engine's ledger capacity there: the budget, never more than the free memory."""
+    budget = plan.device(name).budget_bytes
+    free = inventory.get(name).free_bytes
+    return free if budget is None else min(budget, free)
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _block_sizes(module) -> Tuple[int, List[int]]:
+    """(non-block bytes, [bytes per block]) with the engine's grouping: a tensor shared
+    between blocks is non-block; blocks without tensors of their own are dropped."""
+    from ...runtime.blocks import find_blocks
+    tensors = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
+    owner: Dict[int, int] = {}
+    blocks = find_blocks(module, None)
+    for bi, (_, block) in enumerate(blocks):
+        for t in list(block.parameters()) + list(block.buffers()):
+            owner[id(t)] = bi if owner.get(id(t), bi) == bi else -1
+    sizes = [0] * len(blocks)
+    nonblock = 0
+    for tid, t in tensors.items():
+        bi = owner.get(tid, -1)
+        if bi >= 0:
+            sizes[bi] += _tensor_bytes(t)
+        else:
+            nonblock += _tensor_bytes(t)
+    return nonblock, [s for s in sizes if s]
+
+
+def _slots(sizes: List[int], depth: int) -> int:
+    return (min(depth, len(sizes) - 1) + 1) * max(sizes) if sizes else 0
+
+
+def _one_device_bytes(cp, module) -> int:
+    nonblock, blocks = _block_sizes(module)
+    if cp.stream is None:
+        return nonblock + sum(blocks)
+    k = min(cp.stream.resident_blocks, len(blocks))
+    return nonblock + sum(blocks[:k]) + _slots(blocks[k:], max(0, cp.stream.prefetch_depth))
+
+
+def _layer_split_bytes(cp, module, caps: List[int], headroom: List[int]) -> List[int]:
+    from ...placement.ranges import proportional_ranges
+    from ...runtime.split.layer import ranges_to_owner, streamed_split
+    nonblock, blocks = _block_sizes(module)
+    owner = ranges_to_owner(cp.blocks, cp.runtime, len(blocks)) if cp.blocks else None
+    if owner is None:                      # as the engine: proportional to the room left
+        weights = [max(0.0, float(c - h - (nonblock if i == 0 else 0)))
+                   for i, (c, h) in enumerate(zip(caps, headroom))]
+        owner = ranges_to_owner(proportional_ranges(blocks, cp.runtime, weights),
+                                cp.runtime, len(blocks))
+    depth = max(0, cp.stream.prefetch_depth) if cp.stream is not None else 0
+    out = []
+    for d in range(len(cp.runtime)):
+        sizes = [b for b, o in zip(blocks, owner or []) if o == d]
+        base = nonblock if d == 0 else 0
+        room = caps[d] - headroom[d] - base
+        held = sum(sizes)
+        if cp.stream is not None and held > room:
+            k = streamed_split(sizes, room, depth)
+            if k is not None:
+                held = sum(sizes[:k]) + _slots(sizes[k:], depth)
+        out.append(base + held)
+    return out
+
+
+def _row_split_bytes(module, caps: List[int], headroom: List[int]) -> List[int]:
+    from ...runtime.split.row import eligible_linears, row_counts
+    linears = eligible_linears(module, None)
+    sharded = set()
+    for _, lin in linears:
+        sharded.add(id(lin.weight))
+        if lin.bias is not None:
+            sharded.add(id(lin.bias))
+    tensors = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
+    main = sum(_tensor_bytes(t) for i, t in tensors.items() if i not in sharded)
+    weights = [max(0.0, float(c - h - (main if i == 0 else 0)))
+               for i, (c, h) in enumerate(zip(caps, headroom))]
+    if not any(weights):
+        raise PlacementError("row split: no room left on any device after the main "
+                             "device's unsharded weights; raise the budgets")
+    out = [main] + [0] * (len(caps) - 1)
+    for _, lin in linears:
+        counts = row_counts(lin.weight.shape[0], weights)
+        row_bytes = lin.weight.shape[1] * lin.weight.element_size() + \
+            (lin.bias.element_size() if lin.bias is not None else 0)
+        for d, c in enumerate(counts):
+            out[d] += c * row_bytes
+    return out
+
+
+# -- what the open placement holds -----------------------------------------------------------
+def held_bytes(placed, device: str) -> int:
+    """Resident weights + ring slots the placement's ledger holds on `device` now."""
+    if placed is None:
+        return 0
+    targets = getattr(placed, "targets", None)
+    if targets is None:
+        target = getattr(placed, "target", None)
+        targets = [target] if target is not None else []
+    for t in targets:
+        if t.name == device:
+            return t.ledger.held["resident"] + t.ledger.held["slots"]
+    return 0
+
+
+# -- the stand-in patcher --------------------------------------------------------------------
+class ShareToken(torch.nn.Module):
+    """The `.model` of a share: ComfyUI keys a loaded model on it (clones of one share
+    have the same token, so ComfyUI unloads the old clone when it loads a new one)."""
+
+    def __init__(self, component: str, device: str):
+        super().__init__()
+        self.component = component
+        self.device_name = device
+
+    def extra_repr(self) -> str:
+        return f"{self.component} on {self.device_name}"
+
+
+class EngineShare(comfy.model_patcher.ModelPatcher):
+    """One device's share of an engine placement, as ComfyUI's memory manager sees it.
+    Holds no weights: sizes come from the plan and the engine's ledger."""
+
+    def __init__(self, session, device: str, torch_device, planned: int, token=None):
+        token = token if token is not None else ShareToken(session.component, device)
+        super().__init__(token, torch_device, torch.device("cpu"), size=planned)
+        self.session = session
+        self.device_name = device
+        self.planned_bytes = int(planned)
+
+    def __repr__(self) -> str:
+        return (f"EngineShare({self.session.component} on {self.device_name}, "
+                f"{self.planned_bytes} bytes planned)")
+
+    # ComfyUI's accounting
+    def model_size(self):
+        return self.planned_bytes
+
+    def loaded_size(self):
+        return held_bytes(self.session.placed, self.device_name)
+
+    def current_loaded_device(self):
+        return self.load_device
+
+    def clone(self, *args, **kwargs):
+        n = EngineShare(self.session, self.device_name, self.load_device, self.planned_bytes,
+                        token=self.model)
+        n.parent = self
+        n.clone_base_uuid = self.clone_base_uuid
+        return n
+
+    # ComfyUI's load / unload requests
+    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+        return 0         # the engine allocates at the first model call (engine.py)
+
+    def load(self, *args, **kwargs):
+        raise PlacementError(f"{self!r}: a share is never loaded by ComfyUI; the engine "
+                             f"places the model at its first call")
+
+    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
+        before = self.loaded_size()
+        self.session.release_for_comfy(self.device_name)
+        return before - self.loaded_size()
+
+    def detach(self, unpatch_all=True):
+        self.session.release_for_comfy(self.device_name)
+        return self.model
+
+    def deepclone_multigpu(self, new_load_device=None, models_cache=None):
+        # core deep-clones additional models before its ON_DEEPCLONE_MULTIGPU callbacks
+        self.session.on_deepclone_multigpu(self, None)
+
+
+def register_shares(clone, session, plan, inventory, module) -> List[str]:
+    """Give `clone` (the placed MODEL) one EngineShare per accelerator of the plan.
+    Returns notes for the plan display."""
+    sizes, basis = planned_shares(plan, session.component, inventory, module)
+    shares = []
+    for name, nbytes in sizes.items():
+        if nbytes <= 0:
+            continue
+        dev = inventory.get(name)
+        torch_device = torch.device("cpu") if dev.simulated else torch.device(dev.torch_device)
+        shares.append(EngineShare(session, name, torch_device, nbytes))
+    if not shares:
+        clone.remove_additional_models(SHARES_KEY)
+        return []
+    clone.set_additional_models(SHARES_KEY, shares)
+    from ...placement.units import format_bytes
+    listed = ", ".join(f"{s.device_name} {format_bytes(s.planned_bytes)}" for s in shares)
+    return [f"{session.component}: ComfyUI's memory manager accounts {listed} ({basis})"]

@@ -1,0 +1,212 @@
+"""Runs inside ComfyUI's own Python: ComfyUI's memory manager and the pack's engine.
+
+Started by test_memory_manager.py as
+`PYTHON memory_driver.py --comfyui DIR --pack DIR --work DIR`. It reuses comfy_driver.py
+(imported: the same headless ComfyUI, tiny random models, prompts and helpers) and
+records what `comfy.model_management` sees of an engine-placed MODEL: its
+`current_loaded_models` during and after a run, what ComfyUI would free per device,
+what happens when ComfyUI frees memory or unloads everything, and the images. It
+asserts nothing: the pytest side does. One JSON object on the last line.
+"""
+import asyncio
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import comfy_driver as cd  # noqa: E402  (parses the same arguments, starts nothing)
+
+import torch  # noqa: E402
+import comfy.model_management as mm  # noqa: E402
+import comfy.patcher_extension as ext  # noqa: E402
+
+RESULTS = {"errors": []}
+PROBES = {}            # tag -> what the probe saw at its model call
+
+
+def shares_module():
+    return cd.pack_module("runtime.comfy.shares")
+
+
+def loaded_view():
+    """ComfyUI's current_loaded_models, as its memory manager reads them."""
+    share_cls = shares_module().EngineShare
+    out = []
+    for lm in mm.current_loaded_models:
+        p = lm.model
+        if p is None:
+            continue
+        entry = {"class": type(p).__name__, "device": str(lm.device),
+                 "model_size": int(p.model_size()), "loaded_size": int(p.loaded_size()),
+                 "memory_required": int(lm.model_memory_required(lm.device)),
+                 "share": isinstance(p, share_cls)}
+        if entry["share"]:
+            entry["plan_device"] = p.device_name
+            entry["component"] = p.session.component
+            entry["session_id"] = id(p.session)
+        out.append(entry)
+    return out
+
+
+def ledger_held(session):
+    """Resident + slot bytes the engine's ledger holds per device now (open placement)."""
+    held = shares_module().held_bytes
+    placed = session.placed
+    if placed is None:
+        return {}
+    targets = getattr(placed, "targets", None) or [placed.target]
+    return {t.name: held(placed, t.name) for t in targets}
+
+
+class PlacementTestMemoryProbe:
+    """A clone of MODEL whose Nth model call first records what ComfyUI's memory manager
+    sees and then, by `action`, asks it for room: `free_memory` (ComfyUI's free_memory on
+    the shares' device, keeping the model that is sampling) or `partial` (ComfyUI's
+    LoadedModel.model_unload of each share with a small amount to free)."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "at_call": ("INT", {"default": 2}),
+                             "action": ("STRING", {"default": "none"}),
+                             "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, model, at_call, action, tag):
+        calls = [0]
+        session = model.get_attachment("placement")
+
+        def probe(executor, *args, **kwargs):
+            calls[0] += 1
+            if calls[0] == at_call:
+                rec = {"view": loaded_view(), "ledger": ledger_held(session),
+                       "open": session.placed is not None, "session_id": id(session)}
+                share_cls = shares_module().EngineShare
+                if action == "free_memory":
+                    devices = {lm.device for lm in mm.current_loaded_models
+                               if isinstance(lm.model, share_cls)}
+                    keep = [lm for lm in mm.current_loaded_models
+                            if not isinstance(lm.model, share_cls)]
+                    unloaded = []
+                    for dev in devices:
+                        unloaded += mm.free_memory(1e30, dev, keep_loaded=keep)
+                    rec["unloaded"] = [type(lm.model).__name__ for lm in unloaded]
+                elif action == "partial":
+                    # as free_memory does, for this placement's shares: ask for a little
+                    # room; an entry that ComfyUI unloads whole leaves its list
+                    mine = [lm for lm in mm.current_loaded_models
+                            if isinstance(lm.model, share_cls) and lm.model.session is session]
+                    rec["model_unload"] = []
+                    for lm in mine:
+                        whole = bool(lm.model_unload(memory_to_free=1024))
+                        rec["model_unload"].append(whole)
+                        if whole:
+                            mm.current_loaded_models.remove(lm)
+                rec["after"] = {"view": loaded_view(), "ledger": ledger_held(session),
+                                "open": session.placed is not None,
+                                "releases": list(session.releases)}
+                PROBES[tag] = rec
+            return executor(*args, **kwargs)
+
+        m = model.clone()
+        m.add_wrapper_with_key(ext.WrappersMP.APPLY_MODEL, "placement_test_probe", probe)
+        return (m,)
+
+
+def probed_pipeline(tag, action="none", at_call=2, **kw):
+    """comfy_driver's pipeline with the probe between Apply Placement and KSampler."""
+    prompt = cd.pipeline(tag=tag, keep_placed=True, **kw)
+    prompt["33"] = {"class_type": "PlacementTestMemoryProbe",
+                    "inputs": {"model": prompt["6"]["inputs"]["model"], "at_call": at_call,
+                               "action": action, "tag": tag}}
+    prompt["6"]["inputs"]["model"] = ["33", 0]
+    return prompt
+
+
+def session_record(tag):
+    model = cd.KEPT.get(tag, {}).get("model")
+    if model is None:
+        return None
+    session = model.get_attachment("placement")
+    stats = session.last_stats or {}
+    shares = model.get_additional_models_with_key("placement_shares")
+    return {"open": session.placed is not None, "runs": session.runs,
+            "releases": list(session.releases),
+            "main_model_size": int(model.model_size()),
+            "shares": {s.device_name: {"planned": s.planned_bytes, "device": str(s.load_device)}
+                       for s in shares},
+            "devices": {n: {"resident": d.get("resident_bytes"), "slots": d.get("slot_bytes"),
+                            "peak": d.get("peak_bytes"), "h2d": d.get("h2d_bytes")}
+                        for n, d in stats.get("devices", {}).items()}}
+
+
+async def scenario(executor, name, inventory, **kw):
+    ref = kw.pop("ref", "reference")
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = inventory
+    try:
+        rec = {"run": await cd.run_prompt(executor, probed_pipeline(name, **kw), name)}
+        rec["probe"] = PROBES.get(name)
+        rec["after_run"] = loaded_view()
+        rec["session"] = session_record(name)
+        rec["image"] = cd.compare(name, ref)
+        return rec
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+
+
+SPLIT = dict(backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu")
+
+
+async def main():
+    work = cd.ARGS.work
+    cd.build_models(work)
+    await cd.start_comfy(cd.ARGS.pack, work)
+    import nodes
+    nodes.NODE_CLASS_MAPPINGS["PlacementTestMemoryProbe"] = PlacementTestMemoryProbe
+    executor = cd.execution.PromptExecutor(cd.server.PromptServer.instance,
+                                           cache_type=cd.execution.CacheType.CLASSIC,
+                                           cache_args={"ram": 16.0, "ram_inactive": 16.0})
+    RESULTS["reference"] = await cd.run_prompt(
+        executor, cd.pipeline(placed=False, tag="reference", keep=True), "reference")
+    original = cd.KEPT["reference"]["model"]
+    state_before, weights_before = cd.model_state(original), cd.module_weights(original)
+    RESULTS["model_bytes"] = sum(p.numel() * p.element_size()
+                                 for p in original.model.diffusion_model.parameters())
+
+    # 1. layer split over two simulated devices, each smaller than the model: the view
+    #    during the run, then ComfyUI frees memory on the shares' device mid-run
+    RESULTS["split_view"] = await scenario(executor, "split_view", "cuda0=5MiB,cuda1=5MiB",
+                                           split_mode="layer", **SPLIT)
+    RESULTS["split_free"] = await scenario(executor, "split_free", "cuda0=5MiB,cuda1=5MiB",
+                                           split_mode="layer", action="free_memory", **SPLIT)
+    # 2. unload_all_models between runs, then the same placement runs again
+    mm.unload_all_models()
+    RESULTS["after_unload_all"] = {"view": loaded_view(),
+                                   "session": session_record("split_free")}
+    RESULTS["split_rerun"] = await scenario(executor, "split_rerun", "cuda0=5MiB,cuda1=5MiB",
+                                            split_mode="layer", **SPLIT)
+    # 3. one simulated device smaller than the model, streamed: ComfyUI's partial unload
+    RESULTS["stream_partial"] = await scenario(
+        executor, "stream_partial", "cuda0=6MiB", backend="diffusion=cuda0,vae=cpu",
+        params_backend="diffusion=cpu", stream_layers=True, action="partial")
+    # 4. row split of the wide model over two simulated devices
+    RESULTS["wide_reference"] = await cd.run_prompt(executor, cd.pipeline(
+        placed=False, unet="tiny_flux_wide.safetensors", tag="wide_reference"),
+        "wide_reference")
+    RESULTS["row_view"] = await scenario(
+        executor, "row_view", "cuda0=10MiB,cuda1=10MiB", split_mode="row",
+        unet="tiny_flux_wide.safetensors", ref="wide_reference", **SPLIT)
+    # the MODEL the loader gave is as it was
+    RESULTS["original_unchanged"] = cd.model_state(original) == state_before
+    RESULTS["original_weights_unchanged"] = cd.same_weights(weights_before,
+                                                            cd.module_weights(original))
+    RESULTS["original_additional_models"] = sorted(original.additional_models)
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main())
+    except Exception:
+        RESULTS["errors"].append(traceback.format_exc())
+    print("PLACEMENT_MEMORY_RESULTS " + json.dumps(cd.jsonable(RESULTS)))

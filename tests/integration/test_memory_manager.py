@@ -1,0 +1,167 @@
+"""ComfyUI's memory manager sees the pack's engine (marked `comfyui`; skipped without
+COMFYUI_PATH). memory_driver.py runs a headless ComfyUI (through comfy_driver.py) and
+records `comfy.model_management` during and after real KSampler runs on simulated
+devices; the assertions are here.
+
+What this proves on a CPU-only machine: ComfyUI's sampler loads one share per plan
+device with the placed MODEL; each share's size is the plan's figure and equals what the
+engine's ledger holds there during the run; ComfyUI's LoadedModel arithmetic asks room
+for exactly that share before a run (and nothing for the main patcher); its own
+free_memory / model_unload / unload_all_models make the engine give everything back
+(ledger 0), and the next model call or run places again with the same image.
+What it cannot prove here: simulated devices all have the torch device 'cpu', and
+load_models_gpu never frees memory on 'cpu', so that ComfyUI really evicts other models
+from cuda1 before a split run needs only a GPU run (the sizes it would use are checked).
+
+    COMFYUI_PATH=/path/to/ComfyUI [COMFYUI_PYTHON=/path/to/python] pytest -m comfyui
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))        # the sibling test module's helpers
+from test_comfyui import COMFYUI_PATH, PACK, comfy_python  # noqa: E402
+
+DRIVER = Path(__file__).with_name("memory_driver.py")
+
+pytestmark = [
+    pytest.mark.comfyui,
+    pytest.mark.skipif(not COMFYUI_PATH, reason="COMFYUI_PATH is not set: no ComfyUI checkout "
+                       "to run the integration tests against"),
+]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    work = tmp_path_factory.mktemp("comfy_memory")
+    proc = subprocess.run(
+        [comfy_python(), str(DRIVER), "--comfyui", COMFYUI_PATH, "--pack", str(PACK),
+         "--work", str(work)],
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COMFYUI_PLACEMENT_SIMULATE": ""})
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("PLACEMENT_MEMORY_RESULTS ")]
+    assert lines, f"driver printed no results (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    data = json.loads(lines[-1][len("PLACEMENT_MEMORY_RESULTS "):])
+    assert not data["errors"], "\n".join(data["errors"]) + proc.stderr[-3000:]
+    return data
+
+
+def ran(record):
+    assert record["run"]["valid"], record["run"]
+    assert record["run"]["success"], record["run"].get("exec_errors")
+
+
+def mine(view, session_id):
+    """This placement's shares in a current_loaded_models view, by plan device."""
+    return {e["plan_device"]: e for e in view if e.get("session_id") == session_id}
+
+
+def main_patcher(view):
+    return [e for e in view if e["class"].startswith("Placement")]
+
+
+def test_split_shares_are_loaded_models_with_the_planned_sizes(results):
+    r = results["split_view"]
+    ran(r)
+    probe = r["probe"]
+    shares = mine(probe["view"], probe["session_id"])
+    assert sorted(shares) == ["cuda0", "cuda1"]
+    for name, e in shares.items():
+        assert e["component"] == "diffusion"
+        assert e["device"] == "cpu"          # a simulated device's torch device
+        # the plan's figure is what the engine's ledger holds there while sampling
+        assert e["model_size"] == probe["ledger"][name] > 0, (name, e, probe["ledger"])
+        assert e["loaded_size"] == e["model_size"]
+        assert e["memory_required"] == 0     # all of it loaded: ComfyUI asks nothing more
+    # layer split, nothing streamed: the two shares are the whole model
+    assert sum(e["model_size"] for e in shares.values()) == results["model_bytes"]
+    assert shares["cuda1"]["model_size"] < results["model_bytes"]
+    # the placed MODEL's own patcher asks ComfyUI for no device memory: the shares do
+    assert main_patcher(probe["view"]) and all(e["model_size"] == 0 and
+                                               e["memory_required"] == 0
+                                               for e in main_patcher(probe["view"]))
+    assert r["session"]["main_model_size"] == 0
+    assert r["session"]["shares"] == {n: {"planned": e["model_size"], "device": "cpu"}
+                                      for n, e in shares.items()}
+    assert r["image"]["equal"], r["image"]
+
+
+def test_after_a_run_nothing_is_held_and_the_next_run_asks_for_the_shares(results):
+    r = results["split_view"]
+    after = mine(r["after_run"], r["probe"]["session_id"])
+    assert sorted(after) == ["cuda0", "cuda1"]
+    for name, e in after.items():
+        assert e["loaded_size"] == 0
+        # what load_models_gpu adds for this device before the next run
+        assert e["memory_required"] == e["model_size"] == r["session"]["shares"][name]["planned"]
+    for name, d in r["session"]["devices"].items():
+        assert d["resident"] == 0 and d["slots"] == 0, (name, d)
+    assert not r["session"]["open"]
+
+
+def test_free_memory_mid_run_releases_the_engine_and_the_image_is_unchanged(results):
+    r = results["split_free"]
+    ran(r)
+    probe = r["probe"]
+    assert probe["open"] and sum(probe["ledger"].values()) > 0
+    assert probe["unloaded"] == ["EngineShare", "EngineShare"]   # only the shares
+    after = probe["after"]
+    assert not after["open"] and after["ledger"] == {}
+    assert after["releases"], after
+    assert mine(after["view"], probe["session_id"]) == {}
+    assert main_patcher(after["view"])                  # the sampling model stays loaded
+    assert r["session"]["runs"] == 2                    # placed again at the next call
+    for name, d in r["session"]["devices"].items():
+        assert d["resident"] == 0 and d["slots"] == 0, (name, d)
+    assert r["image"]["equal"], r["image"]
+
+
+def test_unload_all_models_then_the_same_placement_runs_again(results):
+    assert results["after_unload_all"]["view"] == []
+    assert not results["after_unload_all"]["session"]["open"]
+    r = results["split_rerun"]
+    ran(r)
+    shares = mine(r["probe"]["view"], r["probe"]["session_id"])
+    assert sorted(shares) == ["cuda0", "cuda1"]
+    assert all(e["loaded_size"] == e["model_size"] > 0 for e in shares.values())
+    assert r["image"]["equal"], r["image"]
+
+
+def test_streamed_share_partial_unload(results):
+    r = results["stream_partial"]
+    ran(r)
+    probe = r["probe"]
+    shares = mine(probe["view"], probe["session_id"])
+    assert list(shares) == ["cuda0"]
+    share = shares["cuda0"]
+    # resident blocks + ring slots: what the ledger holds, less than the model
+    assert share["model_size"] == probe["ledger"]["cuda0"] > 0
+    assert share["model_size"] < results["model_bytes"]
+    # ComfyUI's model_unload asking for 1 KiB: freed by the engine, entry kept
+    assert probe["model_unload"] == [False]
+    after = probe["after"]
+    assert mine(after["view"], probe["session_id"])["cuda0"]["loaded_size"] == 0
+    assert after["ledger"] == {} and after["releases"] == ["cuda0"]
+    assert r["session"]["devices"]["cuda0"]["resident"] == 0
+    assert r["image"]["equal"], r["image"]
+
+
+def test_row_split_shares_match_the_ledger(results):
+    r = results["row_view"]
+    ran(r)
+    probe = r["probe"]
+    shares = mine(probe["view"], probe["session_id"])
+    assert sorted(shares) == ["cuda0", "cuda1"]
+    for name, e in shares.items():
+        assert e["model_size"] == probe["ledger"][name] > 0, (name, e, probe["ledger"])
+    assert r["image"]["max_abs_diff"] <= 1e-4, r["image"]
+
+
+def test_the_given_model_is_unchanged(results):
+    assert results["original_unchanged"]
+    assert results["original_weights_unchanged"]
+    assert results["original_additional_models"] == []
