@@ -43,12 +43,12 @@ def strip_engine(clone) -> None:
     import comfy.patcher_extension as ext
     if getattr(clone, "placement_engine", False):
         clone.__class__ = type(clone).engine_base
+        clone.remove_additional_models(SHARES_KEY)     # the old plan's per-device shares
     for kind in (ext.WrappersMP.OUTER_SAMPLE, ext.WrappersMP.APPLY_MODEL):
         clone.remove_wrappers_with_key(kind, KEY)
     for kind in (ext.CallbacksMP.ON_DETACH, ext.CallbacksMP.ON_DEEPCLONE_MULTIGPU):
         clone.remove_callbacks_with_key(kind, KEY)
     clone.remove_attachments(KEY)
-    clone.remove_additional_models(SHARES_KEY)
 
 
 class EngineLoad:

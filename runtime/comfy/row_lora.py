@@ -126,7 +126,8 @@ def comfy_lora_for_rows(module, component: str) -> Tuple[Dict[str, List], List]:
         if bias_patches:
             raise PlacementError(f"{component}: row split cannot shard {name} with its bias "
                                  f"{patch_kind(bias_patches[0][1])} patch; only plain LoRA "
-                                 f"weight patches are sliced by rows; use split_mode layer")
+                                 f"weight patches are sliced by rows; use split_mode layer "
+                                 f"for this model")
         entries = lora_entries(_patch_lists(weight_fns, name, component, "weight"), name,
                                tuple(lin.weight.shape), component)
         if entries:

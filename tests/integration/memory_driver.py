@@ -129,9 +129,15 @@ def session_record(tag):
     if model is None:
         return None
     session = model.get_attachment("placement")
+    if session is None:
+        return {"session": False}
     stats = session.last_stats or {}
     shares = model.get_additional_models_with_key("placement_shares")
+    fit = ((session.plan.extra or {}).get("fit") or {}).get("components", {}).get("diffusion")
     return {"open": session.placed is not None, "runs": session.runs,
+            "fit": None if not fit else {"decision": fit.get("decision"),
+                                         "held_bytes": fit.get("held_bytes"),
+                                         "headroom_bytes": fit.get("headroom_bytes")},
             "releases": list(session.releases),
             "main_model_size": int(model.model_size()),
             "shares": {s.device_name: {"planned": s.planned_bytes, "device": str(s.load_device)}
@@ -197,6 +203,9 @@ async def main():
     RESULTS["row_view"] = await scenario(
         executor, "row_view", "cuda0=10MiB,cuda1=10MiB", split_mode="row",
         unet="tiny_flux_wide.safetensors", ref="wide_reference", **SPLIT)
+    # 5. auto-fit decides: the shares follow the planner's held bytes
+    RESULTS["fit_view"] = await scenario(executor, "fit_view", "cuda0=1GiB,cuda1=1GiB",
+                                         backend="vae=cpu", auto_fit=True)
     # the MODEL the loader gave is as it was
     RESULTS["original_unchanged"] = cd.model_state(original) == state_before
     RESULTS["original_weights_unchanged"] = cd.same_weights(weights_before,

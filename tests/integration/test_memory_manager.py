@@ -165,3 +165,18 @@ def test_the_given_model_is_unchanged(results):
     assert results["original_unchanged"]
     assert results["original_weights_unchanged"]
     assert results["original_additional_models"] == []
+
+
+def test_auto_fit_shares_follow_the_planner(results):
+    r = results["fit_view"]
+    ran(r)
+    fit = r["session"]["fit"]
+    assert fit and fit["held_bytes"], r["session"]
+    probe = r["probe"]
+    shares = mine(probe["view"], probe["session_id"])
+    assert shares and set(shares) <= set(fit["held_bytes"])
+    for name, e in shares.items():
+        # the planner's held bytes less its headroom, and what the engine really holds
+        assert e["model_size"] == fit["held_bytes"][name] - fit["headroom_bytes"], (e, fit)
+        assert e["model_size"] == probe["ledger"][name], (e, probe["ledger"])
+    assert r["image"]["equal"], r["image"]
