@@ -30,7 +30,7 @@ frees room on):
   on the main device.
 Devices of kind cpu get no share: ComfyUI does not manage the host's memory this way.
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -231,8 +231,7 @@ class EngineShare(comfy.model_patcher.ModelPatcher):
         return 0         # the engine allocates at the first model call (engine.py)
 
     def load(self, *args, **kwargs):
-        raise PlacementError(f"{self!r}: a share is never loaded by ComfyUI; the engine "
-                             f"places the model at its first call")
+        return None      # no weights of its own; the engine places them (as partially_load)
 
     def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
         before = self.loaded_size()

@@ -17,7 +17,6 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import comfy_driver as cd  # noqa: E402  (parses the same arguments, starts nothing)
 
-import torch  # noqa: E402
 import comfy.model_management as mm  # noqa: E402
 import comfy.patcher_extension as ext  # noqa: E402
 
@@ -63,7 +62,8 @@ class PlacementTestMemoryProbe:
     """A clone of MODEL whose Nth model call first records what ComfyUI's memory manager
     sees and then, by `action`, asks it for room: `free_memory` (ComfyUI's free_memory on
     the shares' device, keeping the model that is sampling) or `partial` (ComfyUI's
-    LoadedModel.model_unload of each share with a small amount to free)."""
+    LoadedModel.model_unload of each share with a small amount to free). At the first
+    call, so that later calls show the placement opened again."""
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"model": ("MODEL",), "at_call": ("INT", {"default": 2}),
@@ -81,7 +81,8 @@ class PlacementTestMemoryProbe:
             calls[0] += 1
             if calls[0] == at_call:
                 rec = {"view": loaded_view(), "ledger": ledger_held(session),
-                       "open": session.placed is not None, "session_id": id(session)}
+                       "open": session.placed is not None, "session_id": id(session),
+                       "runs": session.runs}
                 share_cls = shares_module().EngineShare
                 if action == "free_memory":
                     devices = {lm.device for lm in mm.current_loaded_models
@@ -185,7 +186,7 @@ async def main():
     RESULTS["split_view"] = await scenario(executor, "split_view", "cuda0=5MiB,cuda1=5MiB",
                                            split_mode="layer", **SPLIT)
     RESULTS["split_free"] = await scenario(executor, "split_free", "cuda0=5MiB,cuda1=5MiB",
-                                           split_mode="layer", action="free_memory", **SPLIT)
+                                           split_mode="layer", action="free_memory", at_call=1, **SPLIT)
     # 2. unload_all_models between runs, then the same placement runs again
     mm.unload_all_models()
     RESULTS["after_unload_all"] = {"view": loaded_view(),
@@ -195,7 +196,7 @@ async def main():
     # 3. one simulated device smaller than the model, streamed: ComfyUI's partial unload
     RESULTS["stream_partial"] = await scenario(
         executor, "stream_partial", "cuda0=6MiB", backend="diffusion=cuda0,vae=cpu",
-        params_backend="diffusion=cpu", stream_layers=True, action="partial")
+        params_backend="diffusion=cpu", stream_layers=True, action="partial", at_call=1)
     # 4. row split of the wide model over two simulated devices
     RESULTS["wide_reference"] = await cd.run_prompt(executor, cd.pipeline(
         placed=False, unet="tiny_flux_wide.safetensors", tag="wide_reference"),
