@@ -396,7 +396,12 @@ class Placed:
             self.streamer.attach()
 
     def _root_pre(self, module, args, kwargs):
-        self._load()
+        if not self.loaded:
+            # a reload after release() may happen under the caller's inference mode
+            # (ComfyUI samples in it); device buffers must be normal tensors that the
+            # copy worker can write
+            with torch.inference_mode(False):
+                self._load()
         self._root_in = _seen_bytes(args, kwargs)
         self.target.ledger.set_activations(self._root_in, "forward inputs")
         if self.streamer is not None:

@@ -14,6 +14,7 @@ import warnings
 from functools import partial
 from typing import Dict, List
 
+import torch
 
 from ...placement.errors import PlacementError
 from ...placement.ranges import proportional_ranges
@@ -220,7 +221,12 @@ class LayerSplit(SplitBase):
             s.detach()
 
     def _root_pre(self, module, args, kwargs):
-        self._load()
+        if not self.loaded:
+            # a reload after release() may happen under the caller's inference mode
+            # (ComfyUI samples in it); device buffers must be normal tensors that the
+            # copy worker can write
+            with torch.inference_mode(False):
+                self._load()
         self.mover.end_forward()              # a forward stopped midway left copies
         self._root_in = seen_bytes(args, kwargs)
         self.targets[0].ledger.set_activations(self._root_in, "forward inputs")

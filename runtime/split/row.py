@@ -216,7 +216,12 @@ class RowSplit(SplitBase):
         return forward
 
     def _root_pre(self, module, args, kwargs):
-        self._load()
+        if not self.loaded:
+            # a reload after release() may happen under the caller's inference mode
+            # (ComfyUI samples in it); device buffers must be normal tensors that the
+            # copy worker can write
+            with torch.inference_mode(False):
+                self._load()
         for last in self._sent_caches:
             last[0] = last[1] = None
         self.targets[0].ledger.set_activations(seen_bytes(args, kwargs), "forward inputs")

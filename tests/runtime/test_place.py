@@ -103,6 +103,19 @@ def test_interrupt_mid_forward_leaves_next_forward_correct(tiny, run_model, plan
             assert not placed.streamer.dynamic and not placed.streamer.sync
 
 
+def test_reload_after_release_inside_inference_mode(tiny, run_model, plan_for, sim_inventory):
+    """ComfyUI samples under torch.inference_mode: a reload there must still give the copy
+    worker normal tensors to write (it runs outside inference mode)."""
+    model, inp = tiny("wan")
+    ref = run_model(model, inp)
+    with place(model, plan_for("cpu", stream=(1, 1)), "diffusion", sim_inventory) as placed:
+        placed.release()
+        with torch.inference_mode():
+            assert torch.equal(run_model(model, inp), ref)
+            placed.release()
+            assert torch.equal(run_model(model, inp), ref)
+
+
 def test_release_gives_memory_back_and_next_forward_reloads(tiny, run_model, plan_for,
                                                            sim_inventory):
     model, inp = tiny("unet")
