@@ -14,6 +14,12 @@ never changed (the proxy and the wrapper only belong to the copy).
 This path runs VAE plans ComfyUI's patcher cannot (simulated devices, params disk);
 each call loads the weights for that call, which is what params cpu/disk means for a
 VAE anyway (stable-diffusion.cpp's offload), at the price of a reload per tile.
+
+ComfyUI's memory manager sees each call's device memory through per-device shares
+(shares.py), loaded by ComfyUI's own `load_models_gpu([patcher])` before the call: it
+frees room for them on every device of the plan and lists them; when it wants the room
+back during a call, the call's placement is left (`release_for_comfy`) and the call
+finishes from the resting weights.
 """
 import copy
 import logging
@@ -26,6 +32,7 @@ from ...runtime.place import place
 from .engine import engine_clone
 from .inference import make_weights_normal
 from .row_lora import row_lora_options
+from .shares import load_shares_with, register_shares
 
 log = logging.getLogger("comfyui-placement")
 WRAPPED = "inner."               # name prefix of the module's tensors inside the wrapper
@@ -53,6 +60,32 @@ class CallSession:
         self.weights_file = weights_file
         self.key_map = key_map
         self.calls: List[dict] = []          # {"method", "outcome", "stats"}
+        self.placed = None                   # the placement of the call under way
+        self._record = None                  # and its entry in `calls`
+        self.releases: List[str] = []        # devices ComfyUI asked room on (shares.py)
+
+    def release_for_comfy(self, device: str) -> None:
+        """ComfyUI's memory manager wants room on `device` (an EngineShare's unload): leave
+        the call's placement, which gives every device's memory back. The call goes on
+        from the weights where they rest (ComfyUI's cast path); the next call places
+        again. Between calls nothing is held and nothing happens."""
+        placed, self.placed = self.placed, None
+        if placed is None:
+            return
+        self._leave(placed, self._record)
+        self.releases.append(device)
+        log.info("placement %s: device memory given back to ComfyUI during a call (room "
+                 "asked on %s)", self.component, device)
+
+    def on_deepclone_multigpu(self, patcher, clone):
+        raise PlacementError(f"{self.component}: a component placed by the pack's engine "
+                             f"cannot be deep-cloned per GPU (MultiGPU); place it with "
+                             f"Backend Assignment instead")
+
+    def _leave(self, placed, record) -> None:
+        with torch.inference_mode(False):
+            placed.__exit__(None, None, None)
+        record["stats"] = placed.stats()
 
     def call(self, module, method: str, args, kwargs):
         wrapper = MethodCall(module, method)
@@ -74,6 +107,7 @@ class CallSession:
             self.calls.append(record)
             with torch.inference_mode(False):
                 placed.__enter__()
+        self.placed, self._record = placed, record
         try:
             out = wrapper(*args, **kwargs)
             record["outcome"] = "ok"
@@ -82,9 +116,9 @@ class CallSession:
             record["outcome"] = "out of memory"
             raise
         finally:
-            with torch.inference_mode(False):
-                placed.__exit__(None, None, None)
-            record["stats"] = placed.stats()
+            if self.placed is placed:        # not already left for ComfyUI
+                self.placed = None
+                self._leave(placed, record)
 
 
 class EngineModuleProxy:
@@ -119,6 +153,7 @@ def place_vae_with_engine(vae, plan, inventory) -> Tuple[object, List[str]]:
     session = CallSession(plan, "vae", inventory, weights_file=_vae_file(vae))
     placed.patcher.set_attachments("placement", session)
     placed.first_stage_model = EngineModuleProxy(placed.patcher.model, session)
+    notes.extend(_shares(placed.patcher, session, plan, inventory, "decode"))
     placed.device = load
     notes.append(f"vae: placed by the pack's engine on {cp.main_device} for each "
                  f"decode/encode (weights rest on {cp.params}); tiled on out-of-memory")
@@ -142,6 +177,7 @@ def place_clip_with_engine(clip, plan, inventory) -> Tuple[object, List[str]]:
     placed.patcher.set_attachments("placement", session)
     placed.cond_stage_model = EngineModuleProxy(placed.patcher.model, session,
                                                 ("encode_token_weights",))
+    notes.extend(_shares(placed.patcher, session, plan, inventory, "encode_token_weights"))
     mode = "streamed" if cp.stream is not None else "placed"
     if cp.is_split:
         mode = f"{cp.split_mode} split" + (" and streamed" if cp.stream is not None else "")
@@ -152,6 +188,15 @@ def place_clip_with_engine(clip, plan, inventory) -> Tuple[object, List[str]]:
         notes.append(f"te: {', '.join(simulated)} simulated (diagnostic): compute on the "
                      f"cpu, capacity and copies modelled")
     return placed, notes
+
+
+def _shares(patcher, session, plan, inventory, method: str) -> List[str]:
+    """Per-device shares of the placed copy's patcher, sized on the module as each call
+    places it (wrapped), loaded by ComfyUI with the patcher (shares.LoadsShares)."""
+    notes = register_shares(patcher, session, plan, inventory,
+                            MethodCall(patcher.model, method))
+    load_shares_with(patcher)
+    return notes
 
 
 def _vae_file(vae):

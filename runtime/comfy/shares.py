@@ -29,6 +29,16 @@ frees room on):
   each device's rows of the eligible Linears (runtime/split/row.py's counts), the rest
   on the main device.
 Devices of kind cpu get no share: ComfyUI does not manage the host's memory this way.
+
+The VAE and the text encoders placed by the engine (engine_calls.py) get shares the same
+way, sized from the module the engine places per call. ComfyUI loads them with
+`load_models_gpu([patcher], memory_required=...)` alone (CLIP.load_model, VAE.decode /
+encode), never with additional models; but load_models_gpu also loads every model that
+`patcher.model_patches_models()` names (the models a patcher's patches need with it).
+Their patcher's class (`LoadsShares`, set on the placed copy and kept by its clones)
+adds its shares there, so ComfyUI's own load before each call frees room on every
+share's device (share + its activation estimate), lists the shares while the call runs,
+and can ask for the room back (the call's placement is then left: CallSession).
 """
 from typing import Dict, List, Tuple
 
@@ -248,8 +258,8 @@ class EngineShare(comfy.model_patcher.ModelPatcher):
 
 
 def register_shares(clone, session, plan, inventory, module) -> List[str]:
-    """Give `clone` (the placed MODEL) one EngineShare per accelerator of the plan.
-    Returns notes for the plan display."""
+    """Give `clone` (the placed MODEL, or the placed VAE's / CLIP's patcher) one
+    EngineShare per accelerator of the plan. Returns notes for the plan display."""
     sizes, basis = planned_shares(plan, session.component, inventory, module)
     shares = []
     for name, nbytes in sizes.items():
@@ -265,3 +275,40 @@ def register_shares(clone, session, plan, inventory, module) -> List[str]:
     from ...placement.units import format_bytes
     listed = ", ".join(f"{s.device_name} {format_bytes(s.planned_bytes)}" for s in shares)
     return [f"{session.component}: ComfyUI's memory manager accounts {listed} ({basis})"]
+
+
+# -- components ComfyUI loads without additional models (VAE, text encoders) -----------------
+class LoadsShares:
+    """Mixin before the engine's patcher class: ComfyUI's `load_models_gpu([patcher])`
+    loads the shares with the patcher, as its sampler does for a MODEL's additional
+    models."""
+
+    def model_patches_models(self):
+        return super().model_patches_models() + \
+            list(self.get_additional_models_with_key(SHARES_KEY))
+
+    def get_free_memory(self, device):
+        # VAE.decode/encode size their batches from this right after the load; the engine
+        # puts the weights on the device only when the call starts, so what they will
+        # take there is not free for the batch.
+        pending = sum(max(0, s.model_size() - s.loaded_size())
+                      for s in self.get_additional_models_with_key(SHARES_KEY)
+                      if s.load_device == device)
+        return super().get_free_memory(device) - pending
+
+
+_LOADS_SHARES = {}
+
+
+def load_shares_with(patcher) -> None:
+    """Give `patcher` (a fresh engine clone: engine.engine_clone) the LoadsShares
+    behaviour. Its clones keep the class; a later Apply Placement resets it
+    (engine_patcher.strip_engine goes back to `engine_base`, and drops the shares)."""
+    base = type(patcher)
+    if issubclass(base, LoadsShares):
+        return
+    cls = _LOADS_SHARES.get(base)
+    if cls is None:
+        cls = type(f"{base.__name__}Shares", (LoadsShares, base), {})
+        _LOADS_SHARES[base] = cls
+    patcher.__class__ = cls

@@ -44,6 +44,8 @@ def loaded_view():
             entry["plan_device"] = p.device_name
             entry["component"] = p.session.component
             entry["session_id"] = id(p.session)
+        else:
+            entry["session_id"] = id(p.get_attachment("placement"))
         out.append(entry)
     return out
 
@@ -162,6 +164,106 @@ async def scenario(executor, name, inventory, **kw):
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
 
 
+class CallProbe:
+    """While a prompt runs: at the first leaf-module forward inside an engine-placed
+    call of `component` (a VAE decode, a text encode: its placement is open), record
+    what ComfyUI's memory manager sees, then by `action` ask it for room: `free_memory`
+    (ComfyUI's free_memory on each share's device, keeping every other model) or
+    `partial` (LoadedModel.model_unload of each share with 1 KiB to free). A global
+    forward pre-hook, removed afterwards: the models themselves get no hook."""
+
+    def __init__(self, component, action="none"):
+        self.component, self.action, self.rec = component, action, None
+
+    def live_session(self):
+        share_cls = shares_module().EngineShare
+        for lm in mm.current_loaded_models:
+            p = lm.model
+            if isinstance(p, share_cls) and p.session.component == self.component \
+                    and p.session.placed is not None:
+                return p.session
+        return None
+
+    def hook(self, module, args):
+        if self.rec is not None or next(module.children(), None) is not None:
+            return None
+        session = self.live_session()
+        if session is None:
+            return None
+        share_cls = shares_module().EngineShare
+        rec = {"view": loaded_view(), "ledger": ledger_held(session),
+               "session_id": id(session), "calls": len(session.calls),
+               "main_patcher_free": None}
+        mine = [lm for lm in mm.current_loaded_models
+                if isinstance(lm.model, share_cls) and lm.model.session is session]
+        if self.action == "free_memory":
+            keep = [lm for lm in mm.current_loaded_models if lm not in mine]
+            unloaded = []
+            for dev in {lm.device for lm in mine}:
+                unloaded += mm.free_memory(1e30, dev, keep_loaded=keep)
+            rec["unloaded"] = [type(lm.model).__name__ for lm in unloaded]
+        elif self.action == "partial":
+            rec["model_unload"] = []
+            for lm in mine:
+                whole = bool(lm.model_unload(memory_to_free=1024))
+                rec["model_unload"].append(whole)
+                if whole:
+                    mm.current_loaded_models.remove(lm)
+        rec["after"] = {"view": loaded_view(), "ledger": ledger_held(session),
+                        "open": session.placed is not None,
+                        "releases": list(session.releases)}
+        self.rec = rec
+        return None
+
+
+async def call_scenario(executor, name, inventory, component, action="none", ref="reference",
+                        **kw):
+    """A prompt whose VAE or text encoder the engine places, probed during its first call."""
+    import torch
+    probe = CallProbe(component, action)
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = inventory
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(probe.hook)
+    try:
+        prompt = cd.pipeline(tag=name, keep_placed=True, keep_placed_vae=True, **kw)
+        rec = {"run": await cd.run_prompt(executor, prompt, name)}
+    finally:
+        handle.remove()
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+    rec["probe"] = probe.rec
+    rec["after_run"] = loaded_view()
+    kept = cd.KEPT.get(name + ("_vae" if component == "vae" else "_clip"), {})
+    obj = kept.get("vae") or kept.get("clip")
+    if obj is not None:
+        session = obj.patcher.get_attachment("placement")
+        shares = obj.patcher.get_additional_models_with_key("placement_shares")
+        rec["session"] = {
+            "id": id(session), "open": session.placed is not None,
+            "releases": list(session.releases),
+            "main_model_size": int(obj.patcher.model_size()),
+            "module_bytes": sum(t.numel() * t.element_size() for t in
+                                list(obj.patcher.model.parameters()) +
+                                list(obj.patcher.model.buffers())),
+            "shares": {s.device_name: {"planned": s.planned_bytes,
+                                       "device": str(s.load_device)} for s in shares},
+            "calls": [{"method": c["method"], "outcome": c["outcome"],
+                       "held": {n: (d.get("resident_bytes") or 0) + (d.get("slot_bytes") or 0)
+                                for n, d in c.get("stats", {}).get("devices", {}).items()},
+                       "peak": {n: d.get("peak_bytes") for n, d in
+                                c.get("stats", {}).get("devices", {}).items()}}
+                      for c in session.calls]}
+        # what VAE.decode/encode see as free for their batches (get_free_memory) between
+        # calls: the device's free memory less the shares not loaded yet
+        real, fixed = mm.get_free_memory, 1 << 40
+        mm.get_free_memory = lambda dev=None, torch_free_too=False: fixed
+        try:
+            rec["session"]["withheld_from_batches"] = fixed - obj.patcher.get_free_memory(
+                torch.device("cpu"))
+        finally:
+            mm.get_free_memory = real
+    rec["image"] = cd.compare(name, ref)
+    return rec
+
+
 SPLIT = dict(backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu")
 
 
@@ -207,6 +309,59 @@ async def main():
     # 5. auto-fit decides: the shares follow the planner's held bytes
     RESULTS["fit_view"] = await scenario(executor, "fit_view", "cuda0=1GiB,cuda1=1GiB",
                                          backend="vae=cpu", auto_fit=True)
+    # 6. the text encoder split over two simulated devices (the engine places each
+    #    encode): the shares while a call runs; ComfyUI's free_memory during a call; the
+    #    VAE on a simulated device with ComfyUI's partial unload during a decode
+    te_ref = cd.pipeline(placed=False, text=True, tag="te_reference")
+    te_ref["24"] = {"class_type": "PlacementTestKeepClip",        # the loader's CLIP
+                    "inputs": {"clip": ["40", 0], "tag": "te_loader"}}
+    RESULTS["te_reference"] = await cd.run_prompt(executor, te_ref, "te_reference")
+    clip_loader = cd.KEPT["te_loader"]["clip"]
+    clip_before = cd.patcher_state(clip_loader.patcher)
+    clip_weights = {k: v.clone() for k, v in clip_loader.patcher.model.state_dict().items()}
+    vae_loader = cd.KEPT["reference"]["vae"]
+    vae_weights = {k: v.clone() for k, v in vae_loader.patcher.model.state_dict().items()}
+    RESULTS["te_view"] = await call_scenario(
+        executor, "te_view", cd.TE_INVENTORY, "te", text=True, ref="te_reference",
+        backend="diffusion=cpu,vae=cpu,te=cuda0&cuda1")
+    RESULTS["te_free"] = await call_scenario(
+        executor, "te_free", cd.TE_INVENTORY, "te", action="free_memory", text=True,
+        ref="te_reference", backend="te=cuda0&cuda1,diffusion=cpu,vae=cpu")
+    RESULTS["vae_partial"] = await call_scenario(
+        executor, "vae_partial", "cuda0=64MiB", "vae", action="partial",
+        backend="diffusion=cpu,vae=cuda0")
+    RESULTS["te_fit"] = await call_scenario(
+        executor, "te_fit", "cuda0=1GiB,cuda1=1GiB", "te", text=True, ref="te_reference",
+        backend="diffusion=cpu,vae=cpu", auto_fit=True)
+    fit = ((cd.KEPT["te_fit_clip"]["clip"].patcher.get_attachment("placement").plan.extra
+            or {}).get("fit") or {}).get("components", {}).get("te")
+    RESULTS["te_fit"]["fit"] = None if not fit else {
+        "held_bytes": fit.get("held_bytes"), "headroom_bytes": fit.get("headroom_bytes")}
+    # placing the placed CLIP again: only the new plan's shares (or none) remain
+    adapter, placement = cd.pack_module("runtime.comfy"), cd.pack_module("placement")
+    inv = placement.Inventory.simulated(cd.TE_INVENTORY)
+    placed_clip = cd.KEPT["te_view_clip"]["clip"]
+    RESULTS["te_placed_again"] = {}
+    for label, backend in (("plain", "te=cpu"), ("engine", "te=cuda1")):
+        plan = placement.plan(placement.PlacementSpec(backend=backend), inv)
+        obj = adapter.place_objects(plan, inv, {"te": placed_clip})[0]["te"]
+        RESULTS["te_placed_again"][label] = {
+            "class": type(obj.patcher).__name__,
+            "shares": [(s.device_name, id(s.session)) for s in
+                       obj.patcher.get_additional_models_with_key("placement_shares")],
+            "loaded_with": [type(m).__name__ for m in obj.patcher.model_patches_models()],
+            "session": id(obj.patcher.get_attachment("placement")),
+            "old_session": id(placed_clip.patcher.get_attachment("placement"))}
+    RESULTS["te_vae_unload_all"] = {"before": loaded_view()}
+    mm.unload_all_models()
+    RESULTS["te_vae_unload_all"]["after"] = loaded_view()
+    RESULTS["original_vae_unchanged"] = (
+        cd.vae_state(vae_loader) == cd.KEPT["reference"]["vae_state"] and
+        cd.same_weights(vae_weights, vae_loader.patcher.model.state_dict()))
+    RESULTS["original_clip_unchanged"] = (
+        cd.patcher_state(clip_loader.patcher) == clip_before and
+        clip_loader.cond_stage_model is clip_loader.patcher.model and
+        cd.same_weights(clip_weights, clip_loader.patcher.model.state_dict()))
     # the MODEL the loader gave is as it was
     RESULTS["original_unchanged"] = cd.model_state(original) == state_before
     RESULTS["original_weights_unchanged"] = cd.same_weights(weights_before,

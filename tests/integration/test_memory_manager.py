@@ -8,7 +8,10 @@ device with the placed MODEL; each share's size is the plan's figure and equals 
 engine's ledger holds there during the run; ComfyUI's LoadedModel arithmetic asks room
 for exactly that share before a run (and nothing for the main patcher); its own
 free_memory / model_unload / unload_all_models make the engine give everything back
-(ledger 0), and the next model call or run places again with the same image.
+(ledger 0), and the next model call or run places again with the same image. The same
+for a text encoder split over two simulated devices and a VAE on one, which the engine
+places per call: their shares ride on ComfyUI's own load_models_gpu([patcher]) before
+each encode / decode and are seen from inside the call.
 What it cannot prove here: simulated devices all have the torch device 'cpu', and
 load_models_gpu never frees memory on 'cpu', so that ComfyUI really evicts other models
 from cuda1 before a split run needs only a GPU run (the sizes it would use are checked).
@@ -57,7 +60,8 @@ def ran(record):
 
 def mine(view, session_id):
     """This placement's shares in a current_loaded_models view, by plan device."""
-    return {e["plan_device"]: e for e in view if e.get("session_id") == session_id}
+    return {e["plan_device"]: e for e in view
+            if e["share"] and e.get("session_id") == session_id}
 
 
 def main_patcher(view):
@@ -181,3 +185,113 @@ def test_auto_fit_shares_follow_the_planner(results):
         assert e["model_size"] == fit["held_bytes"][name] - fit["headroom_bytes"], (e, fit)
         assert e["model_size"] == probe["ledger"][name], (e, probe["ledger"])
     assert r["image"]["equal"], r["image"]
+
+
+# -- the text encoder and the VAE, placed by the engine per call -----------------------------
+def call_shares(r):
+    probe = r["probe"]
+    assert probe, "the probe saw no engine call with its placement open"
+    return probe, mine(probe["view"], probe["session_id"])
+
+
+def test_te_split_shares_are_listed_per_device_while_an_encode_runs(results):
+    r = results["te_view"]
+    ran(r)
+    probe, shares = call_shares(r)
+    assert sorted(shares) == ["cuda0", "cuda1"]
+    for name, e in shares.items():
+        assert e["component"] == "te" and e["device"] == "cpu"   # simulated: torch cpu
+        # the planned share is what the engine's ledger holds there during the call
+        assert e["model_size"] == probe["ledger"][name] > 0, (name, e, probe["ledger"])
+        assert e["loaded_size"] == e["model_size"]
+    # layer split, nothing streamed: the shares are the whole text encoder
+    assert sum(e["model_size"] for e in shares.values()) == r["session"]["module_bytes"]
+    # the placed CLIP's own patcher, loaded by CLIP.load_model with them, asks for nothing
+    main = [e for e in probe["view"] if e["session_id"] == probe["session_id"]
+            and not e["share"]]
+    assert len(main) == 1 and main[0]["model_size"] == 0 and main[0]["memory_required"] == 0
+    assert r["session"]["main_model_size"] == 0
+    assert r["session"]["shares"] == {n: {"planned": e["model_size"], "device": "cpu"}
+                                      for n, e in shares.items()}
+    # between calls the shares stay listed, holding nothing, asking their size again
+    after = mine(r["after_run"], probe["session_id"])
+    assert sorted(after) == ["cuda0", "cuda1"]
+    assert all(e["loaded_size"] == 0 and e["memory_required"] == e["model_size"]
+               for e in after.values())
+    assert [c["outcome"] for c in r["session"]["calls"]] == ["ok", "ok"]   # two encodes
+    assert not r["session"]["open"] and not r["session"]["releases"]
+    assert r["image"]["equal"], r["image"]
+
+
+def test_free_memory_during_an_encode_releases_the_te_and_the_image_is_unchanged(results):
+    r = results["te_free"]
+    ran(r)
+    probe, shares = call_shares(r)
+    assert sorted(shares) == ["cuda0", "cuda1"] and sum(probe["ledger"].values()) > 0
+    assert probe["unloaded"] == ["EngineShare", "EngineShare"]   # only the te shares
+    after = probe["after"]
+    assert not after["open"] and after["ledger"] == {} and after["releases"], after
+    assert mine(after["view"], probe["session_id"]) == {}
+    calls = r["session"]["calls"]
+    # the released encode finished from the resting weights; the next placed again
+    assert [c["outcome"] for c in calls] == ["ok", "ok"]
+    assert all(v == 0 for c in calls for v in c["held"].values()), calls
+    assert all(c["peak"]["cuda0"] > 0 for c in calls), calls
+    assert r["image"]["equal"], r["image"]
+
+
+def test_vae_share_and_partial_unload_during_a_decode(results):
+    r = results["vae_partial"]
+    ran(r)
+    probe, shares = call_shares(r)
+    assert list(shares) == ["cuda0"]
+    share = shares["cuda0"]
+    assert share["component"] == "vae"
+    # the whole VAE, as the engine's ledger holds it for the decode
+    assert share["model_size"] == probe["ledger"]["cuda0"] == r["session"]["module_bytes"]
+    assert r["session"]["main_model_size"] == 0
+    # VAE.decode sizes its batches after the load and before the engine places the
+    # weights: the room they will take is not reported free (the patcher's get_free_memory)
+    assert r["session"]["withheld_from_batches"] == share["model_size"]
+    # ComfyUI's model_unload asking for 1 KiB: the engine frees it all, the entry stays
+    assert probe["model_unload"] == [False]
+    after = probe["after"]
+    assert after["ledger"] == {} and after["releases"] == ["cuda0"], after
+    assert mine(after["view"], probe["session_id"])["cuda0"]["loaded_size"] == 0
+    assert r["image"]["equal"], r["image"]
+
+
+def test_unload_all_models_drops_the_te_and_vae_shares(results):
+    r = results["te_vae_unload_all"]
+    assert any(e["share"] and e["component"] in ("te", "vae") for e in r["before"])
+    assert r["after"] == []
+
+
+def test_the_given_clip_and_vae_are_unchanged(results):
+    assert results["original_clip_unchanged"]
+    assert results["original_vae_unchanged"]
+
+
+def test_auto_fit_te_share_follows_the_planner(results):
+    r = results["te_fit"]
+    ran(r)
+    fit = r["fit"]
+    assert fit and fit["held_bytes"], r
+    probe, shares = call_shares(r)
+    assert shares and set(shares) <= set(fit["held_bytes"])
+    for name, e in shares.items():
+        assert e["model_size"] == fit["held_bytes"][name] - fit["headroom_bytes"], (e, fit)
+        assert e["model_size"] == probe["ledger"][name], (e, probe["ledger"])
+    assert r["image"]["equal"], r["image"]
+
+
+def test_placing_a_placed_clip_again_keeps_only_the_new_plans_shares(results):
+    again = results["te_placed_again"]
+    plain, engine = again["plain"], again["engine"]
+    # ComfyUI's own patcher: no engine class, no shares, nothing loaded along with it
+    assert plain["class"] == "ModelPatcher" and plain["shares"] == [] \
+        and plain["loaded_with"] == []
+    # the engine again: one share, of the new session, loaded with the patcher
+    assert engine["session"] != engine["old_session"]
+    assert engine["shares"] == [["cuda1", engine["session"]]]
+    assert engine["loaded_with"] == ["EngineShare"]
