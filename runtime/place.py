@@ -20,12 +20,12 @@ from torch import nn
 
 from ..placement.errors import PlacementError
 from .blocks import find_blocks
-from .residency import (DiskLayout, Group, PinnedPool, default_pinned_cap, file_order_key,
-                        open_weight_file, rebind,
+from .residency import (DiskLayout, Group, PinnedPool, default_pinned_cap, open_weight_file, rebind,
                         give_back_freed_host_memory)
 from .simdevice import Link
 from .stream import Source, Streamer
 from .target import open_target
+from .tensors import key_mapper, make_group, module_tensors, seen_bytes, to_device
 
 DISK_CHUNK = 64 * 1024 ** 2          # staging for one-time resident loads from disk
 
@@ -42,27 +42,6 @@ def place(module: nn.Module, plan, component: str, inventory, **options):
     return Placed(module, plan, component, inventory, **options)
 
 
-def _seen_bytes(args, kwargs) -> int:
-    """Bytes of the tensors handed to a module: the activations the runtime can see."""
-    n = 0
-    for a in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(a, torch.Tensor):
-            n += a.numel() * a.element_size()
-        elif isinstance(a, (tuple, list)):
-            for x in a:
-                if isinstance(x, torch.Tensor):
-                    n += x.numel() * x.element_size()
-    return n
-
-
-def _to_device(x, device):
-    if isinstance(x, torch.Tensor):
-        return x.to(device, non_blocking=True) if x.device != device else x
-    if isinstance(x, (tuple, list)):
-        return type(x)(_to_device(v, device) for v in x)
-    return x
-
-
 class Placed:
     def __init__(self, module: nn.Module, plan, component: str, inventory, *,
                  blocks: Optional[Sequence] = None, weights_file: Optional[str] = None,
@@ -75,11 +54,7 @@ class Placed:
         self.budget = self._budget(plan, self.device.name)
         self.block_names = None if blocks is None else [getattr(b, "name", b) for b in blocks]
         self.weights_file = weights_file
-        if isinstance(key_map, dict):
-            mapping = dict(key_map)
-            self.key_map = lambda k: mapping.get(k, k)
-        else:
-            self.key_map = key_map or (lambda k: k)
+        self.key_map = key_mapper(key_map)
         self.link = link
         self.max_pinned_bytes = max_pinned_bytes
         self.target = None
@@ -196,13 +171,9 @@ class Placed:
         }
 
     def _tensors(self) -> Dict[int, list]:
-        """Every tensor once, with all its names (tied weights have several)."""
-        by_id: Dict[int, list] = {}
-        self.by_name: Dict[str, torch.Tensor] = {}
-        for name, t in list(self.module.named_parameters(remove_duplicate=False)) + \
-                list(self.module.named_buffers(remove_duplicate=False)):
-            by_id.setdefault(id(t), [t, []])[1].append(name)
-            self.by_name[name] = t
+        by_id = module_tensors(self.module)
+        self.by_name: Dict[str, torch.Tensor] = {n: t for t, names in by_id.values()
+                                                 for n in names}
         return by_id
 
     def _groups(self, by_id):
@@ -224,14 +195,11 @@ class Placed:
             bi = owner.get(tid, -1)
             (members[bi] if bi >= 0 else rest_ids).append(tid)
 
-        def make_group(name, ids):
-            tensors = [by_id[i][0] for i in ids]
-            names = [by_id[i][1] for i in ids]
-            key = file_order_key(tensors, names, self.file, self.key_map) if self.file else None
-            return Group(name, tensors, names, key)
+        def group(name, ids):
+            return make_group(name, by_id, ids, self.file, self.key_map)
 
-        nonblock = make_group("non-block", rest_ids) if rest_ids else None
-        block_groups = [make_group(n, m) for (n, _), m in zip(block_list, members) if m]
+        nonblock = group("non-block", rest_ids) if rest_ids else None
+        block_groups = [group(n, m) for (n, _), m in zip(block_list, members) if m]
         block_modules = [b for (_, b), m in zip(block_list, members) if m]
         return nonblock, block_groups, block_modules
 
@@ -402,17 +370,17 @@ class Placed:
             # copy worker can write
             with torch.inference_mode(False):
                 self._load()
-        self._root_in = _seen_bytes(args, kwargs)
+        self._root_in = seen_bytes(args, kwargs)
         self.target.ledger.set_activations(self._root_in, "forward inputs")
         if self.streamer is not None:
             self.streamer.begin_forward()
         if self.target.is_cuda:
             dev = self.target.device
-            return _to_device(args, dev), {k: _to_device(v, dev) for k, v in kwargs.items()}
+            return to_device(args, dev), to_device(kwargs, dev)
         return None
 
     def _block_pre(self, module, args, kwargs):
-        self.target.ledger.set_activations(self._root_in + _seen_bytes(args, kwargs),
+        self.target.ledger.set_activations(self._root_in + seen_bytes(args, kwargs),
                                            "block activations")
         return None
 

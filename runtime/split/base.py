@@ -10,50 +10,12 @@ import torch
 from torch import nn
 
 from ...placement.errors import PlacementError
-from ..residency import Group, file_order_key, rebind
+from ..residency import Group, rebind
 from ..simdevice import Link
 from ..target import open_target
 from .hops import DEFAULT_HOP_LINK
+from ..tensors import key_mapper, module_tensors
 from .moves import Mover
-
-
-def seen_bytes(args, kwargs) -> int:
-    n = 0
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            n += a.numel() * a.element_size()
-        elif isinstance(a, (tuple, list)):
-            for x in a:
-                if isinstance(x, torch.Tensor):
-                    n += x.numel() * x.element_size()
-    return n
-
-
-def to_device(x, device):
-    """Inputs to the main device (real devices): not a hop, the caller's tensors arrive."""
-    if isinstance(x, torch.Tensor):
-        return x if x.device == device else x.to(device, non_blocking=True)
-    if type(x) in (tuple, list):
-        return type(x)(to_device(v, device) for v in x)
-    if type(x) is dict:
-        return {k: to_device(v, device) for k, v in x.items()}
-    return x
-
-
-def module_tensors(module: nn.Module) -> Dict[int, list]:
-    """id -> [tensor, [names]]: every parameter and buffer once, with all its names."""
-    by_id: Dict[int, list] = {}
-    for name, t in list(module.named_parameters(remove_duplicate=False)) + \
-            list(module.named_buffers(remove_duplicate=False)):
-        by_id.setdefault(id(t), [t, []])[1].append(name)
-    return by_id
-
-
-def make_group(name: str, by_id: Dict[int, list], ids: Sequence[int], file=None,
-               key_map=None) -> Group:
-    tensors, names = [by_id[i][0] for i in ids], [by_id[i][1] for i in ids]
-    key = file_order_key(tensors, names, file, key_map) if file is not None else None
-    return Group(name, tensors, names, key)
 
 
 def headroom_for(option: Union[None, int, Dict[str, int]], device: str) -> int:
@@ -89,11 +51,7 @@ class SplitBase:
         self.max_pinned_bytes = max_pinned_bytes
         self.lora = lora
         self.weights_file = weights_file
-        if isinstance(key_map, dict):
-            mapping = dict(key_map)
-            self.key_map = lambda k: mapping.get(k, k)
-        else:
-            self.key_map = key_map or (lambda k: k)
+        self.key_map = key_mapper(key_map)
         self.file = None
         self.targets: List = []
         self.originals: Dict[int, tuple] = {}

@@ -22,7 +22,8 @@ from ...placement.units import format_bytes
 from ..blocks import find_blocks
 from ..residency import DiskLayout, PinnedPool, default_pinned_cap, open_weight_file
 from ..stream import Source, Streamer
-from .base import SplitBase, make_group, seen_bytes, to_device
+from ..tensors import make_group, seen_bytes, to_device
+from .base import SplitBase
 from .disk import fill_from_file, reader
 
 

@@ -23,7 +23,8 @@ from torch import nn
 from ...placement.errors import PlacementError
 from ..blocks import find_blocks
 from ..residency import Group
-from .base import SplitBase, make_group, seen_bytes, to_device
+from ..tensors import make_group, seen_bytes, to_device
+from .base import SplitBase
 
 MIN_ROWS = MIN_COLS = 256
 _MISSING = object()
