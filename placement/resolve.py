@@ -163,7 +163,7 @@ def explicit_plan(request: Request, inventory: Inventory, infos) -> Plan:
         _sizes(cp, info)
         comps[comp] = cp
     devices = device_plans(inventory, request.budgets)
-    _account(devices, comps, warnings)
+    _account(devices, comps, infos, warnings)
     return Plan(devices, comps, warnings)
 
 
@@ -223,7 +223,17 @@ def _sizes(cp: ComponentPlan, info) -> None:
         cp.resident_bytes = info.total_bytes    # while its phase runs
 
 
-def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan],
+def _device_shares(cp: ComponentPlan, info) -> Dict[str, int]:
+    """Bytes a component holds on each device while it runs (a split: its ranges' blocks,
+    the main device also the non-block weights)."""
+    if not (cp.is_split and cp.blocks and info is not None and info.blocks):
+        return {cp.main_device: cp.resident_bytes}
+    share = {d: sum(b.nbytes for b in info.blocks[r[0]:r[1] + 1]) for d, r in cp.blocks.items()}
+    share[cp.main_device] = share.get(cp.main_device, 0) + info.non_block_bytes
+    return share
+
+
+def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,
              warnings: List[str]) -> None:
     """Planned bytes per device at its busiest phase, and a warning per budget overrun."""
     from .components import PHASES
@@ -232,14 +242,7 @@ def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan],
     for cp in comps.values():
         if not cp.present:
             continue
-        if cp.is_split and cp.blocks:
-            share = {d: 0 for d in cp.runtime}
-            # without per-block sizes here, split the resident bytes by block count
-            n = sum(r[1] - r[0] + 1 for r in cp.blocks.values()) or 1
-            for d, r in cp.blocks.items():
-                share[d] = cp.resident_bytes * (r[1] - r[0] + 1) // n
-        else:
-            share = {cp.main_device: cp.resident_bytes}
+        share = _device_shares(cp, infos.get(cp.component))
         for d, b in share.items():
             if by_name[d].kind == "cpu":
                 continue

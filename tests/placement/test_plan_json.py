@@ -64,3 +64,16 @@ def test_bad_plan_json(text, words):
 def test_report_is_a_table(seed_inventory):
     text = plan(PlacementSpec(backend="te=cpu"), seed_inventory).report()
     assert "component" in text and "device" in text and "cuda0" in text
+
+
+def test_split_planned_bytes_follow_block_sizes(seed_inventory):
+    # blocks of unequal size: the device table must count the real bytes of each range
+    blocks = tuple(BlockInfo(f"blocks.{i}", (i + 1) * GiB // 4, "blocks", i) for i in range(8))
+    info = ComponentInfo("diffusion", sum(b.nbytes for b in blocks) + GiB // 8, blocks)
+    p = plan(PlacementSpec(backend="diffusion=cuda0&cuda1", max_vram="cuda0=6,cuda1=6"),
+             seed_inventory, components={"diffusion": info})
+    ranges = p.components["diffusion"].blocks
+    expect = {d: sum(b.nbytes for b in blocks[r[0]:r[1] + 1]) for d, r in ranges.items()}
+    expect["cuda0"] += GiB // 8
+    assert {d: p.device(d).planned_bytes for d in ranges} == expect
+    assert sum(expect.values()) == info.total_bytes
