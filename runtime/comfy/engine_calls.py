@@ -23,6 +23,7 @@ finishes from the resting weights.
 """
 import copy
 import logging
+import os
 from typing import List, Tuple
 
 import torch
@@ -33,6 +34,7 @@ from .engine import engine_clone
 from .inference import make_weights_normal
 from .row_lora import row_lora_options
 from .shares import load_shares_with, register_shares
+from .te_files import clip_disk_source, clip_files
 
 log = logging.getLogger("comfyui-placement")
 WRAPPED = "inner."               # name prefix of the module's tensors inside the wrapper
@@ -166,14 +168,15 @@ def place_vae_with_engine(vae, plan, inventory) -> Tuple[object, List[str]]:
 def place_clip_with_engine(clip, plan, inventory) -> Tuple[object, List[str]]:
     """CLIP (text encoders): streamed (or placed whole) per encode call."""
     cp = plan.components["te"]
+    weights_file = key_map = None
     if cp.params == "disk":
-        raise PlacementError("te: params disk is not wired for CLIP yet (its files and key "
-                             "names are the text-encoder loader's); use params cpu")
+        # blocks stream from the one file holding them all, matched exactly (te_files.py)
+        weights_file, key_map = clip_disk_source(clip.patcher.model, clip_files(clip.patcher))
     device = inventory.get(cp.main_device)
     load = torch.device("cpu") if device.simulated else torch.device(device.torch_device)
     placed = clip.clone()
     placed.patcher, notes = engine_clone(clip.patcher, load, torch.device("cpu"), "te")
-    session = CallSession(plan, "te", inventory)
+    session = CallSession(plan, "te", inventory, weights_file=weights_file, key_map=key_map)
     placed.patcher.set_attachments("placement", session)
     placed.cond_stage_model = EngineModuleProxy(placed.patcher.model, session,
                                                 ("encode_token_weights",))
@@ -181,8 +184,10 @@ def place_clip_with_engine(clip, plan, inventory) -> Tuple[object, List[str]]:
     mode = "streamed" if cp.stream is not None else "placed"
     if cp.is_split:
         mode = f"{cp.split_mode} split" + (" and streamed" if cp.stream is not None else "")
+    rest = cp.params if weights_file is None else \
+        f"disk, blocks read from {os.path.basename(weights_file)}"
     notes.append(f"te: {mode} by the pack's engine on {'&'.join(cp.runtime)} for each encode "
-                 f"(weights rest on {cp.params}); LoRA patches applied at run time")
+                 f"(weights rest on {rest}); LoRA patches applied at run time")
     simulated = [n for n in cp.runtime if inventory.get(n).simulated]
     if simulated:
         notes.append(f"te: {', '.join(simulated)} simulated (diagnostic): compute on the "

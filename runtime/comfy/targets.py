@@ -3,9 +3,9 @@
 ComfyUI places a model through its patcher's `load_device` (where it computes) and
 `offload_device` (where its weights rest between uses). This module maps one
 ComponentPlan onto that pair. Plans that pair cannot express (disk residency,
-streaming, splits, simulated devices) go to the pack's engine instead (engine.py); it
-is wired for the diffusion model only, so for other components they are refused with
-an error naming what is missing.
+streaming, splits, simulated devices) go to the pack's engine instead (engine.py,
+engine_calls.py); what it runs per component is ENGINE_RUNS below, the rest is refused
+with an error naming what is missing.
 """
 from dataclasses import dataclass
 
@@ -39,7 +39,7 @@ class Target:
 ENGINE_RUNS = {
     "diffusion": ("stream", "disk", "split", "simulated", "lora"),
     "vae": ("disk", "simulated"),
-    "te": ("stream", "split", "simulated", "lora"),
+    "te": ("stream", "disk", "split", "simulated", "lora"),
 }
 # Components ComfyUI patches with LoRA (the others never carry LoRA patches).
 LORA_COMPONENTS = ("diffusion", "te")

@@ -136,6 +136,49 @@ def build_models(work):
     folder_paths.add_model_folder_path("loras", lora_dir, is_default=True)
     folder_paths.add_model_folder_path("diffusion_models", diffusion_dir, is_default=True)
     folder_paths.add_model_folder_path("vae", vae_dir, is_default=True)
+    build_clip_files(work)
+
+
+def build_clip_files(work):
+    """The tiny CLIP-L saved where Load CLIP looks: in float16, the dtype ComfyUI loads
+    text encoders in here (so the engine can stream it from the file), and in float32
+    (ComfyUI casts it at load: no exact match for disk residency)."""
+    import comfy.clip_model
+    te_dir = os.path.join(work, "models", "text_encoders")
+    os.makedirs(te_dir, exist_ok=True)
+    g = torch.Generator().manual_seed(7)
+    shapes = comfy.clip_model.CLIPTextModel(dict(TINY_CLIP_CONFIG), torch.float32, "cpu",
+                                            comfy.ops.manual_cast).state_dict()
+    sd = {k: torch.randn(v.shape, generator=g) * 0.05 for k, v in shapes.items()}
+    for name, dtype in (("tiny_clip_l.safetensors", torch.float16),
+                        ("tiny_clip_l_fp32.safetensors", torch.float32)):
+        safetensors.torch.save_file({k: v.to(dtype).contiguous() for k, v in sd.items()},
+                                    os.path.join(te_dir, name))
+    # a tiny T5 (width 32: with CLIP-L, Flux's pair through DualCLIPLoader)
+    import comfy.text_encoders.t5
+    shapes = comfy.text_encoders.t5.T5(dict(TINY_T5_CONFIG), torch.float32, "cpu",
+                                       comfy.ops.manual_cast).state_dict()
+    safetensors.torch.save_file(
+        {k: (torch.randn(v.shape, generator=g) * 0.05).half() for k, v in shapes.items()},
+        os.path.join(te_dir, "tiny_t5.safetensors"))
+    folder_paths.add_model_folder_path("text_encoders", te_dir, is_default=True)
+    use_tiny_clip_config_for_loaders()
+
+
+def use_tiny_clip_config_for_loaders():
+    """Test-only: a CLIP-L that core's Load CLIP builds (no config given) gets the tiny
+    config, so the real loader path (file, cached_patcher_init, key renames) runs on the
+    tiny file. Only this driver process is affected."""
+    import comfy.sd1_clip
+    original = comfy.sd1_clip.SDClipModel.__init__
+
+    def init(self, *args, textmodel_json_config=None, **kwargs):
+        if textmodel_json_config is None:
+            textmodel_json_config = dict(TINY_CLIP_CONFIG)
+        elif str(textmodel_json_config).endswith("t5_config_xxl.json"):
+            textmodel_json_config = dict(TINY_T5_CONFIG)
+        original(self, *args, textmodel_json_config=textmodel_json_config, **kwargs)
+    comfy.sd1_clip.SDClipModel.__init__ = init
 
 
 # -- test-only nodes (never shipped in the pack) -------------------------------------
@@ -194,6 +237,13 @@ TINY_CLIP_CONFIG = {
     "intermediate_size": 64, "hidden_act": "quick_gelu", "max_position_embeddings": 77,
     "eos_token_id": 49407, "bos_token_id": 49406, "pad_token_id": 1, "vocab_size": 49408,
     "projection_dim": 32, "layer_norm_eps": 1e-5, "model_type": "clip_text_model"}
+
+
+TINY_T5_CONFIG = {
+    "d_ff": 2048, "d_kv": 16, "d_model": 32, "num_heads": 2, "num_layers": 4,
+    "vocab_size": 32128, "is_gated_act": True, "dense_act_fn": "gelu_pytorch_tanh",
+    "relative_attention_num_buckets": 32, "layer_norm_epsilon": 1e-6, "model_type": "t5",
+    "eos_token_id": 1, "pad_token_id": 0}
 
 
 class PlacementTestTinyClip:
@@ -411,7 +461,7 @@ async def start_comfy(pack_dir, work):
 def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run", keep=False,
              lora=None, interrupt_at=None, keep_placed=False, batch=1, keep_placed_vae=False,
              tiled_decode=False, text=False, te_lora=False, unet="tiny_flux.safetensors",
-             lora_name="tiny_flux_lora.safetensors", **flags):
+             lora_name="tiny_flux_lora.safetensors", keep_loader_clip=False, **flags):
     """UNETLoader + VAELoader -> [Backend Assignment -> Apply Placement] -> KSampler ->
     VAEDecode -> sink, plus the keep node on the loaders' own outputs."""
     model, vae = ["1", 0], ["2", 0]
@@ -434,7 +484,17 @@ def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run"
     clip = None
     if text:       # a real text encoder instead of random conditioning
         prompt["40"] = {"class_type": "PlacementTestTinyClip", "inputs": {"seed": 5}}
+        if isinstance(text, str):      # the tiny CLIP-L from its file, through Load CLIP
+            prompt["40"] = {"class_type": "CLIPLoader", "inputs": {
+                "clip_name": text, "type": "stable_diffusion", "device": "default"}}
+        elif isinstance(text, tuple):  # Flux's pair (CLIP-L, T5) through DualCLIPLoader
+            prompt["40"] = {"class_type": "DualCLIPLoader", "inputs": {
+                "clip_name1": text[0], "clip_name2": text[1], "type": "flux",
+                "device": "default"}}
         clip = ["40", 0]
+        if keep_loader_clip:
+            prompt["24"] = {"class_type": "PlacementTestKeepClip",
+                            "inputs": {"clip": clip, "tag": tag + "_loader_clip"}}
         if te_lora:
             prompt["41"] = {"class_type": "LoraLoader", "inputs": {
                 "model": model, "clip": clip, "lora_name": "tiny_clip_lora.safetensors",
@@ -784,6 +844,7 @@ def session_facts(tag):
 
 
 TE_INVENTORY = "cuda0=5MiB,cuda1=1MiB"   # the tiny CLIP: 3.1 MiB, most of it the token table
+TE_PAIR_INVENTORY = "cuda0=7MiB"   # CLIP-L 3.2 MiB + T5 3.7 MiB (1.6 MiB of it in blocks)
 
 
 def clip_calls(tag):
@@ -804,6 +865,118 @@ def clip_calls(tag):
                     "streamed_blocks": st["streamed_blocks"], "peak": dev["peak_bytes"],
                     "capacity": dev["capacity_bytes"], "h2d": dev["h2d_bytes"],
                     "streamed_bytes": st["streamed_bytes_per_forward"]})
+    return out
+
+
+def clip_weights(tag):
+    clip = KEPT.get(tag, {}).get("clip")
+    if clip is None:
+        return None
+    return {k: v.detach().to("cpu", copy=True)
+            for k, v in clip.cond_stage_model.state_dict().items()}
+
+
+def loader_clip_matches_file(tag, file_name):
+    """The loader's CLIP still holds exactly the file's tensors (under ComfyUI's names)."""
+    weights = clip_weights(tag)
+    if weights is None:
+        return None
+    path = os.path.join(ARGS.work, "models", "text_encoders", file_name)
+    stored = safetensors.torch.load_file(path)
+    prefix = "clip_l.transformer."
+    found = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+    return stored.keys() <= found.keys() and all(torch.equal(stored[k], found[k])
+                                                  for k in stored)
+
+
+def te_file_facts(clip):
+    """The exact-match rules of te_files on the loader's CLIP-L against files derived from
+    its own: a checkpoint-style prefix maps; two layers swapped (same names and shapes,
+    other values), the encoder stored twice (ambiguous) and a key-less file are refused."""
+    te_files = pack_module("runtime.comfy.te_files")
+    placement = pack_module("placement")
+    src = os.path.join(ARGS.work, "models", "text_encoders", "tiny_clip_l.safetensors")
+    sd = safetensors.torch.load_file(src)
+    swapped = dict(sd)
+    for suffix in ("mlp.fc1.weight", "mlp.fc1.bias"):
+        a, b = (f"text_model.encoder.layers.{i}.{suffix}" for i in (0, 1))
+        swapped[a], swapped[b] = sd[b], sd[a]
+    variants = {
+        "checkpoint": {f"text_encoders.clip_l.transformer.{k}": v for k, v in sd.items()},
+        "swapped": swapped,
+        "twice": {**{f"a.{k}": v for k, v in sd.items()}, **{f"b.{k}": v.clone() for k, v in sd.items()}},
+        "unrelated": {"model.diffusion_model.img_in.weight": torch.zeros(4, 4)}}
+    facts = {}
+    for label, tensors in variants.items():
+        path = os.path.join(ARGS.work, "tmp", f"te_{label}.safetensors")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, path)
+        try:
+            chosen, key_map = te_files.clip_disk_source(clip.patcher.model, [path])
+            name = "clip_l.transformer.text_model.encoder.layers.2.mlp.fc2.weight"
+            facts[label] = {"file": os.path.basename(chosen), "key": key_map(name)}
+        except placement.PlacementError as exc:
+            facts[label] = {"error": str(exc)}
+    return facts
+
+
+async def te_disk_scenarios(executor):
+    """The tiny CLIP-L from its file (Load CLIP), streamed from that file on a simulated
+    cuda0 smaller than it, against the same CLIP without placement."""
+    out = {}
+    out["te_file_reference"] = await run_prompt(executor, pipeline(
+        placed=False, text="tiny_clip_l.safetensors", keep_loader_clip=True,
+        tag="te_file_reference"), "te_file_reference")
+    loader_state = patcher_state(KEPT["te_file_reference_loader_clip"]["clip"].patcher)
+    out["te_disk"] = await run_prompt(executor, pipeline(
+        backend="diffusion=cpu,vae=cpu,te=cuda0", params_backend="te=disk",
+        stream_layers=True, text="tiny_clip_l.safetensors", keep_loader_clip=True,
+        tag="te_disk", keep_placed=True), "te_disk")
+    out["te_disk_image"] = compare("te_disk", "te_file_reference")
+    out["te_disk_calls"] = clip_calls("te_disk_clip")
+    session = KEPT.get("te_disk_clip", {}).get("clip")
+    session = session.patcher.get_attachment("placement") if session is not None else None
+    out["te_disk_file"] = os.path.basename(session.weights_file) \
+        if session is not None and session.weights_file else None
+    loader = KEPT.get("te_disk_loader_clip", {}).get("clip")
+    out["te_disk_same_loader_clip"] = loader is KEPT["te_file_reference_loader_clip"]["clip"]
+    out["te_disk_loader_state_unchanged"] = loader is not None and \
+        patcher_state(loader.patcher) == loader_state
+    out["te_disk_loader_weights_are_the_file"] = loader_clip_matches_file(
+        "te_disk_loader_clip", "tiny_clip_l.safetensors")
+    if loader is not None:
+        out["te_file_rules"] = te_file_facts(loader)
+    # a layer split over cuda0 and cuda1, each device's blocks read from the file
+    out["te_disk_split"] = await run_prompt(executor, pipeline(
+        backend="diffusion=cpu,vae=cpu,te=cuda0&cuda1", params_backend="te=disk",
+        text="tiny_clip_l.safetensors", tag="te_disk_split", keep_placed=True),
+        "te_disk_split")
+    out["te_disk_split_image"] = compare("te_disk_split", "te_file_reference")
+    out["te_disk_split_calls"] = clip_calls("te_disk_split_clip")
+    # ComfyUI casts the float32 file to float16 at load: nothing to stream from it
+    out["te_disk_fp32"] = await run_prompt(executor, pipeline(
+        backend="diffusion=cpu,vae=cpu,te=cuda0", params_backend="te=disk",
+        stream_layers=True, text="tiny_clip_l_fp32.safetensors", tag="te_disk_fp32"),
+        "te_disk_fp32")
+    # Flux's pair from two files: the T5 blocks stream from the T5 file, CLIP-L rests
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = TE_PAIR_INVENTORY
+    pair = ("tiny_clip_l.safetensors", "tiny_t5.safetensors")
+    out["te_pair_reference"] = await run_prompt(executor, pipeline(
+        placed=False, text=pair, tag="te_pair_reference"), "te_pair_reference")
+    out["te_pair_disk"] = await run_prompt(executor, pipeline(
+        backend="diffusion=cpu,vae=cpu,te=cuda0", params_backend="te=disk",
+        stream_layers=True, text=pair, tag="te_pair_disk", keep_placed=True), "te_pair_disk")
+    out["te_pair_disk_image"] = compare("te_pair_disk", "te_pair_reference")
+    out["te_pair_disk_calls"] = clip_calls("te_pair_disk_clip")
+    session = KEPT.get("te_pair_disk_clip", {}).get("clip")
+    session = session.patcher.get_attachment("placement") if session is not None else None
+    out["te_pair_disk_file"] = os.path.basename(session.weights_file) \
+        if session is not None and session.weights_file else None
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = TE_INVENTORY
+    # a CLIP built without a file (no core loader's record)
+    out["te_disk_no_file"] = await run_prompt(executor, pipeline(
+        backend="diffusion=cpu,vae=cpu,te=cuda0", params_backend="te=disk",
+        stream_layers=True, text=True, tag="te_disk_no_file"), "te_disk_no_file")
     return out
 
 
@@ -1126,6 +1299,7 @@ async def main():
         RESULTS["te_split_image"] = compare("te_split", "te_reference")
         RESULTS["te_split_calls"] = clip_calls("te_split_clip")
         RESULTS["te_bytes"] = te_bytes()
+        RESULTS["te_disk"] = await te_disk_scenarios(executor)
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     # 7. streaming through the pack's engine inside ComfyUI

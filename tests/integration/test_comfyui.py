@@ -159,7 +159,7 @@ def test_adapter_routes_engine_plans_and_refuses_the_rest(results):
     assert results["adapter"]["engine"] == {"split": True, "disk": True, "stream": True,
                                             "simulated": True}
     assert results["adapter"]["refusals"]["vae_disk"] is None      # the engine reads it
-    assert "te: params 'disk' is not executed for te" in results["adapter"]["refusals"]["te_disk"]
+    assert results["adapter"]["refusals"]["te_disk"] is None       # the engine reads it
     refusals = results["adapter"]["refusals"]
     assert refusals["vae_simulated"] is None and refusals["vae_stream"] is None
     assert refusals["te_stream"] is None and refusals["te_simulated"] is None
@@ -424,6 +424,76 @@ def test_text_encoder_streamed_equals_the_run_without_placement(results):
         assert c["method"] == "encode_token_weights" and c["outcome"] == "ok"
         assert c["mode"] == "stream" and c["streamed_blocks"] == 3
         assert c["h2d"] >= c["streamed_bytes"] > 0 and c["peak"] <= c["capacity"]
+
+
+def test_text_encoder_streamed_from_its_file(results):
+    """The tiny CLIP-L loaded by core's Load CLIP from its safetensors file, params disk:
+    its blocks are read from that file on a simulated device smaller than it; same
+    image as the run without placement, the loader's CLIP unchanged."""
+    t = results["te_disk"]
+    _ok(t["te_file_reference"])
+    _ok(t["te_disk"])
+    assert t["te_disk_file"] == "tiny_clip_l.safetensors"
+    assert t["te_disk_image"]["equal"], t["te_disk_image"]
+    calls = t["te_disk_calls"]
+    assert len(calls) == 2
+    for c in calls:
+        assert c["method"] == "encode_token_weights" and c["outcome"] == "ok"
+        assert c["mode"] == "stream" and c["streamed_blocks"] == 3
+        assert c["h2d"] >= c["streamed_bytes"] > 0 and c["peak"] <= c["capacity"]
+    assert t["te_disk_same_loader_clip"] and t["te_disk_loader_state_unchanged"]
+    assert t["te_disk_loader_weights_are_the_file"] is True
+
+
+def test_text_encoder_layer_split_from_its_file(results):
+    t = results["te_disk"]
+    _ok(t["te_disk_split"])
+    assert t["te_disk_split_image"]["equal"], t["te_disk_split_image"]
+    for c in t["te_disk_split_calls"]:
+        assert c["outcome"] == "ok" and c["split_mode"] == "layer"
+        assert set(c["ranges"]) == {"cuda0", "cuda1"}
+        for dev in c["devices"].values():
+            assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"] and dev["h2d_bytes"] > 0
+
+
+def test_text_encoder_pair_streams_from_the_t5_file(results):
+    """Flux's pair through DualCLIPLoader (two files): the T5 blocks stream from the T5
+    file, CLIP-L (not block-streamed) rests in host memory; same image."""
+    t = results["te_disk"]
+    _ok(t["te_pair_reference"])
+    _ok(t["te_pair_disk"])
+    assert t["te_pair_disk_file"] == "tiny_t5.safetensors"
+    assert t["te_pair_disk_image"]["equal"], t["te_pair_disk_image"]
+    for c in t["te_pair_disk_calls"]:
+        assert c["outcome"] == "ok" and c["mode"] == "stream" and c["streamed_blocks"] > 0
+        assert c["h2d"] >= c["streamed_bytes"] > 0 and c["peak"] <= c["capacity"]
+
+
+@pytest.mark.parametrize("case, words", [
+    ("te_disk_fp32", "has no exact match in tiny_clip_l_fp32.safetensors"),
+    ("te_disk_no_file", "does not come from a core loader that records them")])
+def test_text_encoder_disk_without_an_exact_file_is_refused(results, case, words):
+    rec = results["te_disk"][case]
+    assert rec["valid"] and not rec["success"]
+    text = exec_error_text(rec)
+    assert words in text and "use params cpu" in text and "\n" not in text.strip(), text
+
+
+def test_text_encoder_file_match_is_exact(results):
+    rules = results["te_disk"]["te_file_rules"]
+    assert rules["checkpoint"] == {"file": "te_checkpoint.safetensors",
+                                   "key": "text_encoders.clip_l.transformer.text_model."
+                                          "encoder.layers.2.mlp.fc2.weight"}
+    assert "layers.0.mlp.fc1.weight' holds other values than the module" \
+        in rules["swapped"]["error"]
+    assert "2 file keys end with 'transformer.text_model.encoder.layers.0" \
+        not in rules["twice"]["error"]          # the longest suffix is the whole key
+    assert "2 file keys end with 'text_model.encoder.layers.0." in rules["twice"]["error"]
+    # a bare 'weight' in common is no match
+    assert "no exact match in te_unrelated.safetensors (only 'weight' matches " \
+        "'model.diffusion_model.img_in.weight')" in rules["unrelated"]["error"]
+    for r in ("swapped", "twice", "unrelated"):
+        assert "use params cpu" in rules[r]["error"] and "\n" not in rules[r]["error"]
 
 
 def test_text_encoder_lora_under_streaming(results):
