@@ -8,46 +8,22 @@ builds, and reports what happened; the assertions are here.
     COMFYUI_PATH=/path/to/ComfyUI [COMFYUI_PYTHON=/path/to/python] pytest -m comfyui
 """
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-COMFYUI_PATH = os.environ.get("COMFYUI_PATH", "")
-PACK = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))        # the sibling harness module
+from harness import MARKS, run_driver  # noqa: E402
+
 DRIVER = Path(__file__).with_name("comfy_driver.py")
 
-pytestmark = [
-    pytest.mark.comfyui,
-    pytest.mark.skipif(not COMFYUI_PATH, reason="COMFYUI_PATH is not set: no ComfyUI checkout "
-                       "to run the integration tests against"),
-]
-
-
-def comfy_python() -> str:
-    for candidate in (os.environ.get("COMFYUI_PYTHON"),
-                      os.path.join(COMFYUI_PATH, "venv", "bin", "python"),
-                      os.path.join(COMFYUI_PATH, ".venv", "bin", "python"),
-                      "/tmp/comfyvenv/bin/python"):
-        if candidate and os.path.exists(candidate):
-            return candidate
-    return sys.executable
+pytestmark = MARKS
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    work = tmp_path_factory.mktemp("comfy")
-    proc = subprocess.run(
-        [comfy_python(), str(DRIVER), "--comfyui", COMFYUI_PATH, "--pack", str(PACK),
-         "--work", str(work)],
-        capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "COMFYUI_PLACEMENT_SIMULATE": ""})
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("PLACEMENT_RESULTS ")]
-    assert lines, f"driver printed no results (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-    data = json.loads(lines[-1][len("PLACEMENT_RESULTS "):])
-    assert not data["errors"], "\n".join(data["errors"]) + proc.stderr[-3000:]
+    data = run_driver(DRIVER, "PLACEMENT_RESULTS", tmp_path_factory.mktemp("comfy"))
     print(f"ComfyUI {data['comfyui_version']}")
     return data
 

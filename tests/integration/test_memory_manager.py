@@ -18,39 +18,22 @@ from cuda1 before a split run needs only a GPU run (the sizes it would use are c
 
     COMFYUI_PATH=/path/to/ComfyUI [COMFYUI_PYTHON=/path/to/python] pytest -m comfyui
 """
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))        # the sibling test module's helpers
-from test_comfyui import COMFYUI_PATH, PACK, comfy_python  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))        # the sibling harness module
+from harness import MARKS, run_driver  # noqa: E402
 
 DRIVER = Path(__file__).with_name("memory_driver.py")
 
-pytestmark = [
-    pytest.mark.comfyui,
-    pytest.mark.skipif(not COMFYUI_PATH, reason="COMFYUI_PATH is not set: no ComfyUI checkout "
-                       "to run the integration tests against"),
-]
+pytestmark = MARKS
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    work = tmp_path_factory.mktemp("comfy_memory")
-    proc = subprocess.run(
-        [comfy_python(), str(DRIVER), "--comfyui", COMFYUI_PATH, "--pack", str(PACK),
-         "--work", str(work)],
-        capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "COMFYUI_PLACEMENT_SIMULATE": ""})
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("PLACEMENT_MEMORY_RESULTS ")]
-    assert lines, f"driver printed no results (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-    data = json.loads(lines[-1][len("PLACEMENT_MEMORY_RESULTS "):])
-    assert not data["errors"], "\n".join(data["errors"]) + proc.stderr[-3000:]
-    return data
+    return run_driver(DRIVER, "PLACEMENT_MEMORY_RESULTS", tmp_path_factory.mktemp("comfy_memory"))
 
 
 def ran(record):

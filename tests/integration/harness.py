@@ -1,0 +1,42 @@
+"""What the integration test modules share: where ComfyUI is, its Python, the skip
+marks, and running one driver script headless in ComfyUI's own Python."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH", "")
+PACK = Path(__file__).resolve().parents[2]
+
+MARKS = [
+    pytest.mark.comfyui,
+    pytest.mark.skipif(not COMFYUI_PATH, reason="COMFYUI_PATH is not set: no ComfyUI checkout "
+                       "to run the integration tests against"),
+]
+
+
+def comfy_python() -> str:
+    for candidate in (os.environ.get("COMFYUI_PYTHON"),
+                      os.path.join(COMFYUI_PATH, "venv", "bin", "python"),
+                      os.path.join(COMFYUI_PATH, ".venv", "bin", "python"),
+                      "/tmp/comfyvenv/bin/python"):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return sys.executable
+
+
+def run_driver(driver: Path, marker: str, work: Path) -> dict:
+    """Run `driver` in ComfyUI's Python; return the JSON it printed after `marker`."""
+    proc = subprocess.run(
+        [comfy_python(), str(driver), "--comfyui", COMFYUI_PATH, "--pack", str(PACK),
+         "--work", str(work)],
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COMFYUI_PLACEMENT_SIMULATE": ""})
+    lines = [l for l in proc.stdout.splitlines() if l.startswith(marker + " ")]
+    assert lines, f"driver printed no results (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    data = json.loads(lines[-1][len(marker) + 1:])
+    assert not data["errors"], "\n".join(data["errors"]) + proc.stderr[-3000:]
+    return data
