@@ -29,6 +29,7 @@ import comfy.sd
 from ...placement.errors import PlacementError
 from ...runtime.place import place
 from .engine_patcher import KEY, engine_patcher_class, strip_engine
+from .patchers import plain_clone
 from .inference import make_weights_normal
 from .row_lora import row_lora_options
 from .shares import register_shares
@@ -157,13 +158,7 @@ def engine_clone(patcher, load_device, offload_device, what: str):
     ones (the engine, not DynamicVRAM, decides what is on the device)."""
     notes: List[str] = []
     if patcher.is_dynamic():
-        try:
-            clone = patcher.clone(disable_dynamic=True)
-        except RuntimeError as exc:
-            raise PlacementError(
-                f"{what}: its DynamicVRAM patcher must be rebuilt as a plain one for the "
-                f"pack's engine and its loader cannot rebuild it ({exc}); use a core loader "
-                f"or run ComfyUI with --disable-dynamic-vram") from None
+        clone = plain_clone(patcher, what, "for the pack's engine")
         notes.append(f"{what}: DynamicVRAM off for this copy (the pack's engine places it)")
     else:
         clone = patcher.clone()

@@ -23,19 +23,25 @@ from .engine_patcher import strip_engine
 from .targets import Target
 
 
+def plain_clone(patcher, what: str, why: str):
+    """A clone rebuilt without DynamicVRAM (core's rebuild path); a loader that cannot
+    rebuild it is a one-line error saying what to do instead."""
+    try:
+        return patcher.clone(disable_dynamic=True)
+    except RuntimeError as exc:
+        raise PlacementError(
+            f"{what}: its DynamicVRAM patcher must be rebuilt as a plain one {why} and its "
+            f"loader cannot rebuild it ({exc}); use a core loader or run ComfyUI with "
+            f"--disable-dynamic-vram") from None
+
+
 def retarget(patcher, target: Target, what: str) -> Tuple[object, List[str]]:
     """A clone of `patcher` that computes on target.load_device and rests its weights
     on target.offload_device, plus notes for the plan shown to the user."""
     notes: List[str] = []
     rebuilt = False
     if patcher.is_dynamic() and target.load_device.type == "cpu":
-        try:
-            clone = patcher.clone(disable_dynamic=True)
-        except RuntimeError as exc:
-            raise PlacementError(
-                f"{what} on cpu: its DynamicVRAM patcher must be rebuilt as a plain one and "
-                f"its loader cannot rebuild it ({exc}); use a core loader or run ComfyUI "
-                f"with --disable-dynamic-vram") from None
+        clone = plain_clone(patcher, what, "to compute on the cpu")
         rebuilt = True
         notes.append(f"{what}: DynamicVRAM off for this copy (it computes on the cpu)")
     else:
