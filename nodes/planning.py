@@ -11,12 +11,17 @@ from ..placement.errors import PlacementError
 from ..placement.metadata import ComponentInfo, describe_component
 from ..placement.resolve import plan as resolve_plan
 
+# Plans made here run inside ComfyUI: auto-fit proposes only what the adapter executes
+# (placement/capabilities.py), explicit requests it cannot run are errors at queue time.
+EXECUTOR = "comfyui"
+
 
 def make_plan(spec, inventory, objects: Optional[Dict[str, object]] = None,
               strict: bool = False):
     infos = {comp: describe_object(comp, obj) for comp, obj in (objects or {}).items()
              if obj is not None}
-    return resolve_plan(spec, inventory, components=infos or None, strict=strict)
+    return resolve_plan(spec, inventory, components=infos or None, strict=strict,
+                        executor=EXECUTOR)
 
 
 def torch_module(obj):

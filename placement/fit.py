@@ -38,8 +38,12 @@ class FitOptions:
     peer_bandwidth: Optional[float] = None                          # GPU<->GPU B/s
     headroom: Mapping[str, int] = field(default_factory=dict)       # component -> bytes
     activation_bytes: Mapping[str, int] = field(default_factory=dict)
+    executor: str = "runtime"            # who runs the plan: runtime | comfyui (capabilities)
+    cond_batch: int = 1                  # sampled forwards per step: 2 with CFG (cond+uncond)
 
     def __post_init__(self):
+        from .capabilities import check_executor
+        self.executor = check_executor(self.executor)
         mode = str(self.offload_mode or "auto").strip().lower()
         if mode not in OFFLOAD_MODES:
             raise PlacementError(f"invalid offload_mode {self.offload_mode!r}; expected one of "
@@ -56,7 +60,7 @@ class FitOptions:
         if not isinstance(self.prefetch_depth, int) or not 0 <= self.prefetch_depth <= 8:
             raise PlacementError(f"invalid prefetch_depth {self.prefetch_depth!r}; expected "
                                  f"an integer 0..8")
-        for name in ("steps", "frames", "batch"):
+        for name in ("steps", "frames", "batch", "cond_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise PlacementError(f"invalid {name} {value!r}; expected an integer >= 1")
@@ -145,6 +149,8 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
     model = CostModel(inventory.devices, options.throughput, options.bandwidth,
                       options.disk_bandwidth, options.peer_bandwidth)
     choices = getattr(request, "choices", {}) or {}
+    from .capabilities import check_choice, supported
+    real_gpus = [d.name for d in inventory.accelerators() if not d.simulated]
     geos, work, rules = {}, {}, {}
     for comp in COMPONENTS:
         if comp not in infos:
@@ -152,10 +158,14 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
         info = infos[comp]
         geos[comp] = Geometry(info, options.headroom.get(comp))
         work[comp] = Workload(info, options.resolution, options.frames, options.batch,
-                              options.steps, options.activation_bytes.get(comp))
+                              options.steps, options.activation_bytes.get(comp),
+                              cond_batch=options.cond_batch)
         choice = choices.get(comp) or _unset_choice()
         _check_choice(comp, choice, inventory)
-        rules[comp] = make_rules(choice, geos[comp], options.offload_mode, gpus)
+        check_choice(comp, choice.runtime, choice.params, choice.split_mode, inventory,
+                     options.executor)
+        rules[comp] = make_rules(choice, geos[comp], options.offload_mode, gpus,
+                                 supported(options.executor, comp), real_gpus)
     search = Search(geos, work, rules, gpus, {g: budgets[g][0] for g in gpus}, host[0], model,
                     options.prefetch_depth)
     best = search.run() if geos else ((0.0, 0, 0.0, 0), {}, [[0] * len(gpus) for _ in range(4)])

@@ -75,8 +75,10 @@ class Workload:
     __slots__ = ("flop", "runs", "activation_bytes")
 
     def __init__(self, info, resolution: Tuple[int, int], frames: int, batch: int,
-                 steps: int, activation_override: Optional[int] = None):
+                 steps: int, activation_override: Optional[int] = None, cond_batch: int = 1):
         comp = info.component
+        if comp in SAMPLED:
+            batch = batch * max(1, int(cond_batch))   # CFG: cond and uncond in one batch
         width, height = resolution
         megapixels = width * height / float(1 << 20)
         latent_frames = 1 + (frames - 1) // 4 if frames > 1 else 1   # 4x temporal VAEs

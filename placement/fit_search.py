@@ -60,7 +60,7 @@ class Rules:
     """What the search may decide for one component (the user's choice and the preset)."""
     __slots__ = ("runtime", "params", "split_mode", "persist_res", "persist_split", "float_res",
                  "stream", "float_split", "split_stream", "cpu", "prefix_zero",
-                 "params_elsewhere")
+                 "params_elsewhere", "gpus", "disk")
 
     def __init__(self):
         for name in self.__slots__:
@@ -68,14 +68,51 @@ class Rules:
         self.runtime = None
         self.params = None
         self.split_mode = "layer"
+        self.gpus = None          # GPU names the executor runs this component on; None: all
+        self.disk = True          # params may move to disk when host RAM is short
 
     @property
     def floating(self) -> bool:
         return self.float_res or self.stream or self.float_split or self.cpu
 
 
-def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str]) -> Rules:
-    """Translate (runtime, params, split_mode) + preset into the placements allowed."""
+def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
+               caps=None, real_gpus: Optional[Sequence[str]] = None) -> Rules:
+    """Translate (runtime, params, split_mode) + preset into the placements allowed, then
+    keep only what the executor runs for this component (`caps`: its capabilities from
+    placement/capabilities.py; None: everything). `real_gpus`: the GPUs that are not
+    simulated (used when the executor cannot run the component on a simulated one)."""
+    if caps is not None and "simulated" not in caps and real_gpus is not None:
+        gpus = [g for g in gpus if g in real_gpus]
+        only = list(gpus)
+    else:
+        only = None
+    r = _rules(choice, geo, preset, gpus)
+    if caps is None:
+        return r
+    if only is not None:
+        r.gpus = only
+        if not only and r.runtime is None:
+            r.cpu = True      # no GPU this component can run on: it computes on the CPU
+    if "stream" not in caps:
+        r.stream = False
+        r.prefix_zero = False
+    if f"{r.split_mode}_split" not in caps:
+        r.persist_split = r.float_split = r.split_stream = False
+    if "split_stream" not in caps:
+        r.split_stream = False
+    if "cpu_params" not in caps:
+        r.float_res = r.stream = r.float_split = r.split_stream = False
+    if preset == "sequential" and not (r.stream or r.float_res or r.float_split or r.cpu) \
+            and (r.runtime is None or len(r.runtime) == 1):
+        r.float_res = "cpu_params" in caps       # sequential, not streamable here: whole
+    r.disk = "disk" in caps
+    if not (r.persist_res or r.persist_split or r.floating or r.params_elsewhere):
+        r.cpu = r.runtime is None or r.runtime == ["cpu"]
+    return r
+
+
+def _rules(choice, geo: Geometry, preset: str, gpus: Sequence[str]) -> Rules:
     r = Rules()
     runtime = list(choice.runtime) if choice.runtime else None
     params = choice.params
@@ -426,7 +463,8 @@ class Search:
     def _devices(self, c: str) -> List[int]:
         rt = self.rules[c].runtime
         if rt is None:
-            return list(range(self.G))
+            allowed = self.rules[c].gpus
+            return [d for d in range(self.G) if allowed is None or self.gpus[d] in allowed]
         return [self.gidx[n] for n in rt if n in self.gidx]
 
     def _source(self, c: str) -> str:
@@ -497,7 +535,9 @@ class Search:
         if rt is not None and len(rt) > 1:
             devs = [self.gidx[n] for n in rt if n in self.gidx]
             return [devs] if len(devs) >= 2 else []
-        order = sorted((d for d in range(self.G) if rooms[d] > geo.headroom),
+        allowed = self.rules[c].gpus
+        order = sorted((d for d in range(self.G) if rooms[d] > geo.headroom
+                        and (allowed is None or self.gpus[d] in allowed)),
                        key=lambda d: (-rooms[d], d))
         return [order[:k] for k in range(2, len(order) + 1)]
 
@@ -661,7 +701,7 @@ class Search:
             for c, o in sorted(chosen.items()):
                 # splits read their weights from host memory (runtime/split: no disk yet)
                 if o.source != "cpu" or self.rules[c].params == "cpu" or c in tried \
-                        or o.kind == "split":
+                        or o.kind == "split" or not self.rules[c].disk:
                     continue
                 alt = self.rebuild(o, "disk")
                 freed = self._host_peak(chosen) - self._host_peak({**chosen, c: alt})

@@ -6,6 +6,7 @@ placement.fit decides what the user left unset. Both start from the same Request
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from .capabilities import DEFAULT_EXECUTOR, check_executor, check_plan
 from .components import COMPONENTS
 from .devices import Inventory
 from .errors import PlacementError
@@ -119,17 +120,22 @@ def device_plans(inventory: Inventory, budgets: Dict[str, Optional[int]]) -> Lis
 
 
 def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: bool = True,
-         *, resolution=(1024, 1024), frames: int = 1, batch: int = 1, **fit_options) -> Plan:
+         *, resolution=(1024, 1024), frames: int = 1, batch: int = 1,
+         executor: str = DEFAULT_EXECUTOR, **fit_options) -> Plan:
     """Resolve `spec` for the seven components. `components` describes what is loaded
     ({component: path | [paths] | nn.Module | ComponentInfo}); with auto_fit it is what
-    the planner fits, without it sizes only fill in the report and the warnings."""
+    the planner fits, without it sizes only fill in the report and the warnings.
+    `executor` is who runs the plan ('runtime': runtime.place, 'comfyui': the ComfyUI
+    adapter): auto-fit proposes only what it runs (placement/capabilities.py), and an
+    explicit request it cannot run is a PlacementError naming what is missing."""
     from .lora import decide_lora
+    executor = check_executor(executor)
     request = resolve_request(spec, inventory, strict)
     infos = describe_components(components, resolution, frames, batch)
     if spec.auto_fit:
         from .fit import FitOptions, fit
         options = FitOptions(offload_mode=spec.offload_mode, resolution=resolution,
-                             frames=frames, batch=batch, **fit_options)
+                             frames=frames, batch=batch, executor=executor, **fit_options)
         result = fit(request, inventory, infos, options)
         result.warnings[:0] = request.warnings
     else:
@@ -137,6 +143,13 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
             raise PlacementError(f"option(s) {', '.join(sorted(fit_options))} need auto_fit")
         result = explicit_plan(request, inventory, infos)
     decide_lora(result, infos, spec.lora_mode)
+    # what was described; inside ComfyUI also what the spec names per module (Backend
+    # Assignment plans before the models are connected: its error comes at queue time)
+    named = set(spec.runtime.modules) | set(spec.params.modules) | set(spec.split.modules) \
+        if executor == "comfyui" else set()
+    check_plan(result, inventory, executor,
+               [c for c, cp in result.components.items() if cp.present or c in named])
+    result.extra.setdefault("executor", executor)
     return result
 
 

@@ -4,13 +4,15 @@ ComfyUI places a model through its patcher's `load_device` (where it computes) a
 `offload_device` (where its weights rest between uses). This module maps one
 ComponentPlan onto that pair. Plans that pair cannot express (disk residency,
 streaming, splits, simulated devices) go to the pack's engine instead (engine.py,
-engine_calls.py); what it runs per component is ENGINE_RUNS below, the rest is refused
-with an error naming what is missing.
+engine_calls.py); what runs per component is the "comfyui" row of
+placement/capabilities.py, the rest is refused with an error naming what is missing.
 """
 from dataclasses import dataclass
 
 import torch
 
+from ...placement import capabilities
+from ...placement.capabilities import TABLE
 from ...placement.errors import PlacementError
 from ...placement.devices import Inventory
 from ...placement.plan import ComponentPlan, Plan
@@ -34,15 +36,9 @@ class Target:
         return f"{self.component}: runs on {self.runtime}, weights {rest}"
 
 
-# What the pack's engine runs inside ComfyUI, per component (everything else goes through
-# ComfyUI's own patchers, or is refused below).
-ENGINE_RUNS = {
-    "diffusion": ("stream", "disk", "split", "simulated", "lora"),
-    "vae": ("disk", "simulated"),
-    "te": ("stream", "disk", "split", "simulated", "lora"),
-}
-# Components ComfyUI patches with LoRA (the others never carry LoRA patches).
-LORA_COMPONENTS = ("diffusion", "te")
+# What runs inside ComfyUI is the table in placement/capabilities.py (EXECUTOR "comfyui"):
+# the planner reads it too, so auto-fit never proposes a plan refused here.
+EXECUTOR = "comfyui"
 
 
 def _torch_device(inventory: Inventory, name: str, component: str, role: str) -> torch.device:
@@ -51,28 +47,14 @@ def _torch_device(inventory: Inventory, name: str, component: str, role: str) ->
         raise PlacementError(
             f"{component} {role} {name} is a simulated device: only the pack's engine "
             f"executes on simulated devices, and inside ComfyUI it places "
-            f"{' and '.join(c for c in ENGINE_RUNS)} so far; put {component} on a real "
-            f"device (e.g. cpu)")
+            f"{', '.join(c for c, caps in TABLE[EXECUTOR].items() if 'simulated' in caps)}; "
+            f"put {component} on a real device (e.g. cpu)")
     return torch.device(device.torch_device)
 
 
 def engine_needs(cp: ComponentPlan, inventory: Inventory) -> list:
     """What in this plan ComfyUI's own patcher cannot express."""
-    needs = []
-    if cp.stream is not None:
-        needs.append("stream")
-    if cp.params == "disk":
-        needs.append("disk")
-    if cp.is_split:
-        needs.append("split")
-    names = list(cp.runtime) + ([cp.params] if cp.params not in ("cpu", "disk") else [])
-    if any(inventory.get(n).simulated for n in names):
-        needs.append("simulated")
-    if cp.lora == "runtime" and cp.component in LORA_COMPONENTS and not needs:
-        # ComfyUI fuses LoRA into fully loaded weights; the engine keeps them unpatched
-        # and ComfyUI's cast path applies the patches at each forward
-        needs.append("lora")
-    return needs
+    return capabilities.engine_needs(cp, inventory, EXECUTOR)
 
 
 def needs_engine(cp: ComponentPlan, inventory: Inventory) -> bool:
@@ -80,24 +62,10 @@ def needs_engine(cp: ComponentPlan, inventory: Inventory) -> bool:
     return bool(engine_needs(cp, inventory))
 
 
-WHAT = {"stream": "streaming (stream_layers)", "disk": "params 'disk'",
-        "lora": "runtime LoRA (lora_mode runtime)",
-        "split": "a split over several devices", "simulated": "a simulated device"}
-
-
 def check_executable(cp: ComponentPlan, inventory: Inventory) -> None:
-    """Raise for what neither ComfyUI's patcher nor the pack's engine runs inside ComfyUI."""
-    comp = cp.component
-    runs = ENGINE_RUNS.get(comp, ())
-    for need in engine_needs(cp, inventory):
-        if need not in runs:
-            where = (f" ({'&'.join(cp.runtime)})" if need == "split" else "")
-            raise PlacementError(
-                f"{comp}: {WHAT[need]}{where} is not executed for {comp} inside ComfyUI yet "
-                f"(the pack's engine is wired for "
-                + "; ".join(f"{c}: {', '.join(WHAT[n] for n in r)}"
-                            for c, r in ENGINE_RUNS.items())
-                + f"); place {comp} on a real device with params cpu or that device")
+    """Raise for what neither ComfyUI's patcher nor the pack's engine runs inside ComfyUI
+    (one line naming the missing capability; placement/capabilities.py)."""
+    capabilities.check_component(cp, inventory, EXECUTOR)
 
 
 def target_for(plan: Plan, component: str, inventory: Inventory) -> Target:

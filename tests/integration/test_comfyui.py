@@ -140,7 +140,7 @@ def test_adapter_routes_engine_plans_and_refuses_the_rest(results):
     assert refusals["vae_simulated"] is None and refusals["vae_stream"] is None
     assert refusals["te_stream"] is None and refusals["te_simulated"] is None
     assert refusals["te_split"] is None
-    assert "vae: a split over several devices (cuda0&cuda1) is not executed" \
+    assert "vae: a layer split over several devices (cuda0&cuda1) is not executed" \
         in refusals["vae_split"]
     assert all(r is None or r.startswith("PlacementError") for r in refusals.values())
 
