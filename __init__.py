@@ -4,9 +4,6 @@ ComfyUI loads this file as a custom node pack; outside ComfyUI the same tree is 
 `comfyui_placement` package (planner, runtime, CLI). Nodes are exported only when
 ComfyUI's API is importable, so the package works without ComfyUI.
 """
-from .placement import (COMPONENTS, Inventory, Plan, PlacementError, PlacementSpec,  # noqa: F401
-                        plan)
-
 WEB_DIRECTORY = "./web"
 
 __all__ = ["COMPONENTS", "Inventory", "Plan", "PlacementError", "PlacementSpec", "plan",
@@ -19,9 +16,19 @@ def place(module, plan, component, inventory, **options):
     return _place(module, plan, component, inventory, **options)
 
 
-try:  # ComfyUI present: expose the V3 extension
-    import comfy_api.latest  # noqa: F401
-except ImportError:
-    pass
+if not __package__:
+    # Imported as a plain file, not as a package: pytest does this to a repository root
+    # that holds __init__.py when the folder's name is no identifier (the README's own
+    # `comfyui-placement`). There is nothing to export then: the package is
+    # `comfyui_placement` (pip install -e .) or the custom node ComfyUI names itself.
+    __all__ = []
 else:
-    from .nodes import comfy_entrypoint  # noqa: F401
+    from .placement import (COMPONENTS, Inventory, Plan, PlacementError,  # noqa: F401
+                            PlacementSpec, plan)
+
+    try:  # ComfyUI present: expose the V3 extension
+        import comfy_api.latest  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        from .nodes import comfy_entrypoint  # noqa: F401

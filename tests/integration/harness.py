@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 COMFYUI_PATH = os.environ.get("COMFYUI_PATH", "")
+# CI sets this: there the integration tests must run, and a missing ComfyUI is a failure,
+# never a skip (a skip stays only for a developer's quick local run).
+REQUIRED = os.environ.get("COMFYUI_PLACEMENT_REQUIRE_COMFYUI") == "1"
 PACK = Path(__file__).resolve().parents[2]
+
+if REQUIRED and not os.path.isfile(os.path.join(COMFYUI_PATH, "main.py")):
+    raise RuntimeError(f"COMFYUI_PLACEMENT_REQUIRE_COMFYUI=1 but COMFYUI_PATH={COMFYUI_PATH!r} "
+                       f"holds no ComfyUI checkout (main.py); set it up with "
+                       f"../shared/tools/comfyui-harness")
 
 MARKS = [
     pytest.mark.comfyui,
