@@ -28,3 +28,51 @@ def test_streaming_on_cuda_equals_resident(arch, k, depth, tiny, plan_for, tmp_p
         assert out.is_cuda and torch.equal(out, ref)
     assert next(model.parameters()).device.type == "cpu"
     assert placed.stats()["devices"]["cuda0"]["slot_bytes"] == 0
+
+
+def _delayed_gate(device, cycles=200_000_000):
+    """An event that completes only after a long kernel on a side stream: a copy made to
+    wait for it lands late, deterministically."""
+    side = torch.cuda.Stream(device)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+        gate = torch.cuda.Event()
+        gate.record(side)
+    return gate
+
+
+def test_cuda_copy_is_read_only_after_wait():
+    """Fails if CudaTransfer.wait does not order compute after the copy: a consumer that
+    waits reads the new bytes, one that does not reads the stale ones."""
+    from comfyui_placement.runtime.transfer import CudaTransfer
+    device = torch.device("cuda:0")
+    tr = CudaTransfer("cuda:0")
+    try:
+        src = torch.full((1 << 20,), 7, dtype=torch.uint8).pin_memory()
+        dst = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
+        ticket = tr.submit(dst, src, after=_delayed_gate(device))
+        stale = dst.clone()                    # the copy is still held back by the gate
+        tr.wait(ticket)
+        fresh = dst.clone()
+        torch.cuda.synchronize(device)
+        assert int(stale.max()) == 0
+        assert bool((fresh == 7).all())
+        tr.drain()
+    finally:
+        tr.close()
+
+
+def test_cuda_host_copies_need_no_thread():
+    """Copies from host memory are issued by the caller: no worker thread starts."""
+    import threading
+    from comfyui_placement.runtime.transfer import CudaTransfer
+    before = {t.name for t in threading.enumerate()}
+    tr = CudaTransfer("cuda:0")
+    try:
+        src = torch.ones(1024, dtype=torch.uint8).pin_memory()
+        dst = torch.empty(1024, dtype=torch.uint8, device="cuda:0")
+        tr.wait(tr.submit(dst, src))
+        assert not ({t.name for t in threading.enumerate()} - before)
+        assert bool((dst == 1).all())
+    finally:
+        tr.close()
