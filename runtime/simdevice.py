@@ -41,7 +41,10 @@ class SimTransfer(Transfer):
         self.reads_into_dst = reads_into_dst
         self._busy_until = 0.0
         self._memcpy_rate = 5e9           # bytes/s, learned from the copies carried out
-        self._worker = CopyWorker(name, self._copy)
+        # an unthrottled link has no modelled time to wait out: copy in the caller, with
+        # no thread handoff (the host as compute device, and hook-overhead benchmarks)
+        self._inline = link.bandwidth is None
+        self._worker = None if self._inline else CopyWorker(name, self._copy)
         self._reader = None
         self._name = name
 
@@ -55,6 +58,12 @@ class SimTransfer(Transfer):
         if self._reader is not None:      # one path for all, so copies stay in order
             self._reader.put(ticket, (dst, src, read))
             self._reader.forget_done()
+        elif self._inline:
+            try:
+                dst.copy_(src)
+            except BaseException as exc:  # surfaced at wait(), like a worker's failure
+                ticket.error = exc
+            ticket.done.set()
         else:
             self._worker.put(ticket, (dst, src))
             self._worker.forget_done()
@@ -64,6 +73,9 @@ class SimTransfer(Transfer):
         if read is not None:
             read(dst if self.reads_into_dst else src)   # at the disk's real speed
         if read is not None and self.reads_into_dst:
+            return True
+        if self._inline:
+            dst.copy_(src)
             return True
         self._worker.put(ticket, (dst, src))
         return False
@@ -94,9 +106,11 @@ class SimTransfer(Transfer):
     def drain(self) -> None:
         if self._reader is not None:
             self._reader.drain()
-        self._worker.drain()
+        if self._worker is not None:
+            self._worker.drain()
 
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
-        self._worker.close()
+        if self._worker is not None:
+            self._worker.close()
