@@ -22,6 +22,7 @@ from ..placement.errors import PlacementError
 from .blocks import find_blocks
 from .residency import (DiskLayout, Group, PinnedPool, default_pinned_cap, open_weight_file, rebind,
                         give_back_freed_host_memory)
+from .hoststore import group_key
 from .simdevice import Link
 from .stream import Source, Streamer
 from .target import open_target
@@ -33,8 +34,12 @@ DISK_CHUNK = 64 * 1024 ** 2          # staging for one-time resident loads from 
 def place(module: nn.Module, plan, component: str, inventory, **options):
     """Options: blocks (names in execution order), weights_file (path, for params=disk),
     key_map (module tensor name -> file key, callable or dict), link (simdevice.Link for
-    simulated devices), max_pinned_bytes (cap on pinned host memory). A plan whose runtime
-    lists several devices runs on the split runtime (runtime/split, more options there)."""
+    simulated devices), max_pinned_bytes (cap on pinned host memory), host_store
+    (hoststore.HostStore: streamed blocks' packed host copies kept across placements)
+    and repoint (with host_store: points the caller's tensors into pageable packed
+    copies, e.g. shadow.Shadow.repoint; without a store the module's own tensors are).
+    A plan whose runtime lists several devices runs on the split runtime (runtime/split,
+    more options there)."""
     comp = plan.components.get(component)
     if comp is not None and comp.is_split:
         from .split import place_split
@@ -46,7 +51,8 @@ class Placed:
     def __init__(self, module: nn.Module, plan, component: str, inventory, *,
                  blocks: Optional[Sequence] = None, weights_file: Optional[str] = None,
                  key_map: Union[None, Dict[str, str], Callable[[str], str]] = None,
-                 link: Optional[Link] = None, max_pinned_bytes: Optional[int] = None):
+                 link: Optional[Link] = None, max_pinned_bytes: Optional[int] = None,
+                 host_store=None, repoint: Optional[Callable] = None):
         self.module = module
         self.component = component
         self.cplan = self._component_plan(plan, component)
@@ -57,6 +63,9 @@ class Placed:
         self.key_map = key_mapper(key_map)
         self.link = link
         self.max_pinned_bytes = max_pinned_bytes
+        self.host_store = host_store        # hoststore.HostStore: packed copies kept
+        self.repoint = repoint              # shadow.Shadow.repoint (with host_store)
+        self.host_pack_bytes = 0
         self.target = None
         self.streamer: Optional[Streamer] = None
         self.file = None
@@ -156,8 +165,12 @@ class Placed:
                                  f"device; use params=disk with the model file")
         self.pool = PinnedPool(self.target.is_cuda, self.max_pinned_bytes
                                if self.max_pinned_bytes is not None else default_pinned_cap())
+        if self.host_store is not None:       # its pinned copies count against the cap
+            self.pool.pinned_bytes = self.host_store.pinned_bytes
         self.disk_layouts = {id(g): DiskLayout(g, self.file, self.key_map, False)
                              for g in self.resident_groups} if self.file else {}
+        if self.host_store is not None and not self.streamed_groups:
+            self.host_store.retain(())          # nothing streams from host copies now
         if self.streamed_groups:
             self.streamer = Streamer(self.target, self.streamed_groups,
                                      self.streamed_modules, self._sources(), self.depth,
@@ -222,20 +235,31 @@ class Placed:
 
     def _sources(self) -> List[Source]:
         """Where each streamed block is read from: file ranges, or a packed host buffer
-        (the module's own copy is let go group by group, so RAM holds the weights once)."""
-        sources = []
+        (the module's own copy is let go group by group, so RAM holds the weights once).
+        With a host store the buffers are kept for the next placement (hoststore.py)."""
+        sources, keys = [], []
         for g in self.streamed_groups:
             if self.file is not None:
                 layout = DiskLayout(g, self.file, self.key_map, True)
                 sources.append(Source(read=partial_read(self.file, layout.runs)))
                 continue
-            host = self.pool.alloc(g.nbytes)
-            g.pack(host, [self.rest[id(t)] for t in g.tensors])
+            resting = [self.rest[id(t)] for t in g.tensors]
+            if self.host_store is not None:
+                host, packed = self.host_store.host_for(g, resting, self.pool.alloc_flagged,
+                                                        self.repoint)
+                keys.append(group_key(g))
+            else:
+                host, packed = self.pool.alloc(g.nbytes), g.nbytes
+                g.pack(host, resting)
+            self.host_pack_bytes += packed
             g.bind(host)
             for t, v in zip(g.tensors, g.views(host)):
                 self.rest[id(t)] = v
-            give_back_freed_host_memory()
+            if packed and self.host_store is None:
+                give_back_freed_host_memory()
             sources.append(Source(host=host))
+        if self.host_store is not None:
+            self.host_store.retain(keys)
         return sources
 
     # -- device memory -------------------------------------------------------------------
@@ -426,6 +450,7 @@ class Placed:
         out = {"devices": {self.target.name: dev}, "hops": 0, "hop_bytes": 0}
         out.update(self._info)
         out["pinned_bytes"] = self.pool.pinned_bytes if hasattr(self, "pool") else 0
+        out["host_pack_bytes"] = self.host_pack_bytes
         if self.streamer is not None:
             out["prefetched_ahead_bytes"] = self.streamer.ahead_bytes
         return out

@@ -247,17 +247,21 @@ class PinnedPool:
         self._warned = False
 
     def alloc(self, nbytes: int) -> torch.Tensor:
+        return self.alloc_flagged(nbytes)[0]
+
+    def alloc_flagged(self, nbytes: int):
+        """(buffer, pinned)."""
         if self.enabled and self.pinned_bytes + nbytes <= self.cap:
             try:
                 buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
                 self.pinned_bytes += nbytes
-                return buf
+                return buf, True
             except RuntimeError as exc:
                 self._warn(f"pinning failed ({exc})")
         elif self.enabled:
             self._warn(f"pinned host memory cap {format_bytes(self.cap)} reached")
         self.pageable_bytes += nbytes
-        return torch.empty(nbytes, dtype=torch.uint8)
+        return torch.empty(nbytes, dtype=torch.uint8), False
 
     def _warn(self, why: str) -> None:
         if not self._warned:

@@ -5,7 +5,8 @@ supported mechanisms (patcher clones, load/offload devices, wrapper copies) and
 never replaces ComfyUI's memory manager or switches a global device. Plans the patcher
 cannot express (streaming, disk, splits, simulated devices) run through the pack's
 engine: engine.py (diffusion model, per sampling run), engine_calls.py (VAE and text
-encoders, per call), engine_patcher.py (the load policy), inference.py.
+encoders, per call), engine_patcher.py (the load policy). The engine places a
+structural copy of ComfyUI's module (runtime/shadow.py), never the module itself.
 """
 from .place import PLACERS, place_objects
 from .targets import Target, check_executable, needs_engine, target_for

@@ -7,7 +7,16 @@
   model call (after ComfyUI's load, WrappersMP.APPLY_MODEL) and closed when the run
   ends (WrappersMP.OUTER_SAMPLE), also when it raised or was interrupted, and when
   ComfyUI detaches (unloads) the model. Resident blocks thus stay across steps and are
-  released before VAE decode. Leaving the placement restores the module's tensors.
+  released before VAE decode.
+- never places the module it shares with the given MODEL: each run places a structural
+  copy (runtime/shadow.py: own modules and tensor objects over the same memory), and
+  ComfyUI's apply_model runs on a view of its BaseModel whose diffusion_model is that
+  copy. Hooks, rebinding and the inference flag only ever touch the copy.
+- keeps the packed host copy of the streamed blocks across runs (runtime/hoststore.py,
+  one store per module): a second run packs nothing (stats "host_pack_bytes" 0). Where
+  that copy is pageable the module's tensors are pointed into it (one copy in RAM). It
+  is dropped when ComfyUI unloads the model (ON_DETACH with unpatch_all: free_memory,
+  unload_all_models) and when a placement that streams other blocks opens on the module.
 
 ComfyUI's memory manager sees the device memory of the placement through one stand-in
 patcher per device, an additional model of the clone (shares.py): it frees room for it
@@ -18,6 +27,7 @@ Placement (a LoRA loader, a patch node) share it; `session.last_stats` holds the
 ledger figures of the last run (runtime.place stats()).
 """
 import logging
+import types
 import uuid
 from typing import Callable, List, Optional, Tuple
 
@@ -27,14 +37,35 @@ import comfy.patcher_extension as ext
 import comfy.sd
 
 from ...placement.errors import PlacementError
+from ...runtime.hoststore import drop_store, store_for
 from ...runtime.place import place
+from ...runtime.shadow import Shadow
 from .engine_patcher import KEY, engine_patcher_class, strip_engine
 from .patchers import plain_clone
-from .inference import make_weights_normal
 from .row_lora import row_lora_options
 from .shares import register_shares
 
 log = logging.getLogger("comfyui-placement")
+RUN_STATS = 16          # stats of the last placements a session keeps
+
+
+def run_on_copy(executor, base, view, args, kwargs):
+    """Go on with ComfyUI's APPLY_MODEL chain with `view` (a BaseModel running the
+    placed copy) in place of `base`: the next wrappers and `_apply_model` see the view.
+    An executor of another shape (a future ComfyUI) falls back to pointing `base` at the
+    copy for this one call."""
+    original = getattr(executor, "original", None)
+    if getattr(original, "__self__", None) is base and hasattr(executor, "wrappers"):
+        nxt = ext.WrapperExecutor.new_class_executor(
+            types.MethodType(original.__func__, view), view, executor.wrappers, executor.idx)
+        return nxt(*args, **kwargs)
+    modules = base._modules
+    own = modules["diffusion_model"]
+    modules["diffusion_model"] = view.diffusion_model
+    try:
+        return executor(*args, **kwargs)
+    finally:
+        modules["diffusion_model"] = own
 
 
 def diffusion_file(patcher) -> Optional[str]:
@@ -74,7 +105,10 @@ class EngineSession:
         self.inventory = inventory
         self.weights_file = weights_file
         self.placed = None
+        self.shadow: Optional[Shadow] = None   # the copy the open placement runs
+        self._base_view = None                 # (BaseModel, its view running the copy)
         self.last_stats = None
+        self.run_stats: List[dict] = []        # stats of each placement (last RUN_STATS)
         self.runs = 0
         self.releases: List[str] = []     # devices ComfyUI asked room on (shares.py)
 
@@ -89,12 +123,31 @@ class EngineSession:
             self.close()
 
     def apply_model(self, executor, *args, **kwargs):
+        base = executor.class_obj
         if self.placed is None:
-            self.open(executor.class_obj.diffusion_model)
-        return executor(*args, **kwargs)
+            self.open(base.diffusion_model)
+        return run_on_copy(executor, base, self.base_view(base), args, kwargs)
+
+    def base_view(self, base):
+        """A shallow copy of ComfyUI's BaseModel whose diffusion_model is the placed copy
+        (the BaseModel itself is shared by every clone and never changed)."""
+        hit = self._base_view
+        if hit is None or hit[0] is not base or hit[2] is not self.shadow:
+            view = base.__class__.__new__(base.__class__)
+            view.__dict__.update(base.__dict__)
+            view.__dict__["_modules"] = {**base._modules,
+                                         "diffusion_model": self.shadow.module}
+            hit = self._base_view = (base, view, self.shadow)
+        return hit[1]
 
     def on_detach(self, patcher, unpatch_all):
         self.close()
+        # ComfyUI unloads the model (free_memory, unload_all_models: unpatch_all): its
+        # packed host copy goes. Other detaches keep it: load_models_gpu detaches the
+        # model it is about to load again (unpatch_all False), and so does a garbage
+        # collected clone (ModelPatcher.__del__).
+        if unpatch_all:
+            drop_store(patcher.model.diffusion_model)
 
     def on_deepclone_multigpu(self, patcher, clone):
         # Core's MultiGPU CFG Split runs a full copy per GPU on threads; they would share
@@ -128,16 +181,17 @@ class EngineSession:
             options = {"weights_file": self.weights_file,
                        "key_map": file_key_map(self.weights_file, module)}
         cp = self.plan.components[self.component]
-        make_weights_normal(module)          # see inference.py
+        shadow = Shadow(module)              # the engine places a copy, never `module`
         # row split: ComfyUI's LoRA patches on the sharded Linears go in as lora= (row_lora)
-        with row_lora_options(module, cp) as lora_options:
-            placed = place(module, self.plan, self.component, self.inventory, **options,
-                           **lora_options)
+        with row_lora_options(shadow.module, cp) as lora_options:
+            placed = place(shadow.module, self.plan, self.component, self.inventory,
+                           host_store=store_for(module), repoint=shadow.repoint,
+                           **options, **lora_options)
             # ComfyUI samples under inference_mode; buffers made there would be inference
             # tensors, which the engine's copy thread (outside inference mode) may not write.
             with torch.inference_mode(False):
                 placed.__enter__()
-        self.placed = placed
+        self.placed, self.shadow = placed, shadow
         self.runs += 1
 
     def close(self) -> None:
@@ -146,7 +200,9 @@ class EngineSession:
             return
         with torch.inference_mode(False):
             placed.__exit__(None, None, None)
+        self.shadow = self._base_view = None
         self.last_stats = placed.stats()
+        self.run_stats = (self.run_stats + [self.last_stats])[-RUN_STATS:]
         for name, d in self.last_stats["devices"].items():
             log.info("placement %s on %s: peak %d of %d bytes, %d bytes copied in",
                      self.component, name, d.get("peak_bytes", 0),

@@ -9,7 +9,9 @@ streams the blocks when the plan says so), left when the call returns or raises.
 An out-of-memory on the device's budget (the ledger counts the weights and the call's
 inputs) thus reaches ComfyUI's own handler in VAE.decode, which retries tiled; each
 tile is a smaller call that fits. The module itself is shared with the given VAE and
-never changed (the proxy and the wrapper only belong to the copy).
+never changed: each call places a structural copy of it (runtime/shadow.py), and the
+proxy and the wrapper only belong to the placed VAE. Streamed blocks' packed host copy
+is kept across calls (runtime/hoststore.py) and dropped when ComfyUI unloads the copy.
 
 This path runs VAE plans ComfyUI's patcher cannot (simulated devices, params disk);
 each call loads the weights for that call, which is what params cpu/disk means for a
@@ -29,9 +31,11 @@ from typing import List, Tuple
 import torch
 
 from ...placement.errors import PlacementError
+from ...runtime.hoststore import drop_store, store_for
 from ...runtime.place import place
+from ...runtime.shadow import Shadow
 from .engine import engine_clone
-from .inference import make_weights_normal
+from .engine_patcher import KEY
 from .row_lora import row_lora_options
 from .shares import load_shares_with, register_shares
 from .te_files import clip_disk_source, clip_files
@@ -65,6 +69,7 @@ class CallSession:
         self.placed = None                   # the placement of the call under way
         self._record = None                  # and its entry in `calls`
         self.releases: List[str] = []        # devices ComfyUI asked room on (shares.py)
+        self.module = None                   # the module calls run a copy of
 
     def release_for_comfy(self, device: str) -> None:
         """ComfyUI's memory manager wants room on `device` (an EngineShare's unload): leave
@@ -89,8 +94,17 @@ class CallSession:
             placed.__exit__(None, None, None)
         record["stats"] = placed.stats()
 
+    def on_detach(self, patcher, unpatch_all):
+        """ComfyUI unloads the placed copy: the packed host copy goes (engine.py says
+        which detaches keep it)."""
+        if unpatch_all and self.module is not None:
+            drop_store(self.module)
+
     def call(self, module, method: str, args, kwargs):
-        wrapper = MethodCall(module, method)
+        # the engine places a structural copy (runtime/shadow.py), never `module`
+        self.module = module
+        shadow = Shadow(module)
+        wrapper = MethodCall(shadow.module, method)
         options = {}
         if self.plan.components[self.component].params == "disk":
             if not self.weights_file:
@@ -99,12 +113,12 @@ class CallSession:
             inner_map = self.key_map or (lambda k: k)
             options = {"weights_file": self.weights_file,
                        "key_map": lambda k: inner_map(k[len(WRAPPED):])}
-        make_weights_normal(module)
         cp = self.plan.components[self.component]
         # row split: ComfyUI's LoRA patches on the sharded Linears go in as lora= (row_lora)
         with row_lora_options(wrapper, cp) as lora_options:
-            placed = place(wrapper, self.plan, self.component, self.inventory, **options,
-                           **lora_options)
+            placed = place(wrapper, self.plan, self.component, self.inventory,
+                           host_store=store_for(module), repoint=shadow.repoint,
+                           **options, **lora_options)
             record = {"method": method, "outcome": "raised"}
             self.calls.append(record)
             with torch.inference_mode(False):
@@ -154,6 +168,7 @@ def place_vae_with_engine(vae, plan, inventory) -> Tuple[object, List[str]]:
     placed.patcher, notes = engine_clone(vae.patcher, load, torch.device("cpu"), "vae")
     session = CallSession(plan, "vae", inventory, weights_file=_vae_file(vae))
     placed.patcher.set_attachments("placement", session)
+    _callbacks(placed.patcher, session)
     placed.first_stage_model = EngineModuleProxy(placed.patcher.model, session)
     notes.extend(_shares(placed.patcher, session, plan, inventory, "decode"))
     placed.device = load
@@ -178,6 +193,7 @@ def place_clip_with_engine(clip, plan, inventory) -> Tuple[object, List[str]]:
     placed.patcher, notes = engine_clone(clip.patcher, load, torch.device("cpu"), "te")
     session = CallSession(plan, "te", inventory, weights_file=weights_file, key_map=key_map)
     placed.patcher.set_attachments("placement", session)
+    _callbacks(placed.patcher, session)
     placed.cond_stage_model = EngineModuleProxy(placed.patcher.model, session,
                                                 ("encode_token_weights",))
     notes.extend(_shares(placed.patcher, session, plan, inventory, "encode_token_weights"))
@@ -193,6 +209,11 @@ def place_clip_with_engine(clip, plan, inventory) -> Tuple[object, List[str]]:
         notes.append(f"te: {', '.join(simulated)} simulated (diagnostic): compute on the "
                      f"cpu, capacity and copies modelled")
     return placed, notes
+
+
+def _callbacks(patcher, session) -> None:
+    import comfy.patcher_extension as ext
+    patcher.add_callback_with_key(ext.CallbacksMP.ON_DETACH, KEY, session.on_detach)
 
 
 def _shares(patcher, session, plan, inventory, method: str) -> List[str]:

@@ -15,7 +15,7 @@ def place_split(module, plan, component: str, inventory, **options):
     """Options: blocks (names in execution order), link (simulated host-to-device link),
     hop_link (simulated device-to-device link), headroom_bytes (int, or {device: int}),
     max_pinned_bytes, weights_file and key_map (params=disk, layer split), lora (row
-    split: {linear name: [(up, down, scale)]})."""
+    split: {linear name: [(up, down, scale)]}), host_store and repoint (as place())."""
     comp = plan.components.get(component)
     if comp is None:
         raise PlacementError(f"plan has no component {component!r}; it has: "

@@ -34,7 +34,7 @@ class SplitBase:
                  hop_link: Optional[Link] = None,
                  headroom_bytes: Union[None, int, Dict[str, int]] = None,
                  max_pinned_bytes: Optional[int] = None, weights_file: Optional[str] = None,
-                 key_map=None, lora=None):
+                 key_map=None, lora=None, host_store=None, repoint=None):
         self.module = module
         self.component = component
         self.cplan = plan.components[component]
@@ -50,6 +50,9 @@ class SplitBase:
         self.headroom_option = headroom_bytes
         self.max_pinned_bytes = max_pinned_bytes
         self.lora = lora
+        self.host_store = host_store      # hoststore.HostStore: packed copies kept (place.py)
+        self.repoint = repoint
+        self.host_pack_bytes = 0
         self.weights_file = weights_file
         self.key_map = key_mapper(key_map)
         self.file = None
@@ -224,7 +227,8 @@ class SplitBase:
                "hops": self.hops, "hop_bytes": mover.bytes if mover else 0,
                "hop_copies": mover.copies if mover else 0,
                "hop_seconds_modelled": mover.seconds if mover else 0.0,
-               "forwards": self.forwards, "split_mode": self.mode}
+               "forwards": self.forwards, "split_mode": self.mode,
+               "host_pack_bytes": self.host_pack_bytes}
         out.update(self._more_stats())
         return out
 

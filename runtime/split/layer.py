@@ -21,6 +21,7 @@ from ...placement.ranges import proportional_ranges
 from ...placement.units import format_bytes
 from ..blocks import find_blocks
 from ..residency import DiskLayout, PinnedPool, default_pinned_cap, open_weight_file
+from ..hoststore import group_key
 from ..stream import Source, Streamer
 from ..tensors import make_group, seen_bytes, to_device
 from .base import SplitBase
@@ -99,6 +100,9 @@ class LayerSplit(SplitBase):
         self.pool = PinnedPool(any(t.is_cuda for t in self.targets),
                                self.max_pinned_bytes if self.max_pinned_bytes is not None
                                else default_pinned_cap())
+        if self.host_store is not None:       # its pinned copies count against the cap
+            self.pool.pinned_bytes = self.host_store.pinned_bytes
+        kept_keys = []
         planned_k = self.fit_info.get("stream_per_device") or {}
         for d, t in enumerate(self.targets):
             idx = [i for i, o in enumerate(self.owner) if o == d]
@@ -134,14 +138,23 @@ class LayerSplit(SplitBase):
                     layout = DiskLayout(groups[i], self.file, self.key_map, True)
                     sources.append(Source(read=reader(self.file, layout.runs)))
                     continue
-                host = self.pool.alloc(groups[i].nbytes)
-                groups[i].pack(host, [self._resting(x) for x in groups[i].tensors])
+                resting = [self._resting(x) for x in groups[i].tensors]
+                if self.host_store is not None:
+                    host, packed = self.host_store.host_for(
+                        groups[i], resting, self.pool.alloc_flagged, self.repoint)
+                    kept_keys.append(group_key(groups[i]))
+                else:
+                    host, packed = self.pool.alloc(groups[i].nbytes), groups[i].nbytes
+                    groups[i].pack(host, resting)
+                self.host_pack_bytes += packed
                 sources.append(Source(host=host))
             self.streamers.append(Streamer(t, [groups[i] for i in streamed],
                                            [self.block_modules[i] for i in streamed],
                                            sources, depth, staging=self.pool.alloc))
             self.streamed_blocks[t.name] = len(streamed)
 
+        if self.host_store is not None:
+            self.host_store.retain(kept_keys)     # groups this placement does not stream
         # boundaries: main -> first range ... -> last range -> main
         self.entry = [self.owner[i] != (self.owner[i - 1] if i else 0)
                       for i in range(len(self.owner))]

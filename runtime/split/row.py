@@ -128,6 +128,8 @@ class RowSplit(SplitBase):
             if pieces:
                 self.resident[d].append(Group(f"row shards on {self.targets[d].name}", pieces,
                                               [[f"piece{i}"] for i in range(len(pieces))]))
+        if self.host_store is not None:
+            self.host_store.retain(())        # row shards are views: no host copies
         self.shard_counts = {t.name: sum(1 for _, p in self._layout for s in p if s[0] == d)
                              for d, t in enumerate(self.targets)}
         self.sharded = len(linears)
