@@ -112,9 +112,17 @@ def reasons_for(search: Search, o, use, options) -> List[str]:
                 out.append(f"no GPU in the inventory -> runs on cpu, {_ms(o.compute_s)} {_per(o)}")
             else:
                 most = max(search.budget[d] - use[o.phase][d] for d in range(search.G))
-                out.append(f"{c} needs at least {fmt(need)} on a GPU, the most left beside the "
-                           f"rest is {fmt(most)} -> runs on cpu (last resort), "
-                           f"{_ms(o.compute_s)} {_per(o)}")
+                on_gpu = (rule.gpus is None or len(rule.gpus) > 0) and any(
+                    (rule.persist_res, rule.float_res, rule.stream, rule.persist_split,
+                     rule.float_split))
+                if on_gpu and need <= most:   # it had room: the cost model chose the cpu
+                    out.append(f"{c} needs at least {fmt(need)} on a GPU and {fmt(most)} is "
+                               f"left, but the cpu is predicted faster ({_ms(o.compute_s)} "
+                               f"{_per(o)}, no copies) -> runs on cpu")
+                else:
+                    out.append(f"{c} needs at least {fmt(need)} on a GPU, the most left beside "
+                               f"the rest is {fmt(most)} -> runs on cpu (last resort), "
+                               f"{_ms(o.compute_s)} {_per(o)}")
     if o.source == "disk" and rule.params != "disk":
         out.append(f"host RAM budget {fmt(search.host_budget)} cannot hold every offloaded "
                    f"component -> params on disk, re-read each {phase} ({_ms(o.load_s)})")

@@ -1,7 +1,20 @@
-"""Plans as tables a person reads (the UI shows the same text)."""
+"""Plans as tables a person reads (the UI shows the same text).
+
+The text fits a terminal: every line stays within WIDTH columns (long reasons and
+warnings wrap with an indent, byte counts in tables have three significant digits).
+Only the components that were described (`present`) get a row; a plan made without
+any model shows every component. The JSON (`Plan.to_json`) has every figure in full.
+"""
+import re
+import textwrap
 from typing import List, Sequence
 
-from .units import format_bytes
+from .components import PHASES
+from .fit_costs import DEFAULT_BANDWIDTH, DEFAULT_THROUGHPUT
+from .units import GiB, MiB, format_bytes
+
+WIDTH = 100         # columns of a terminal; the JSON is there for machines
+RUNTIME_WIDTH = 17  # a longer device list shows its first device and a count
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
@@ -11,62 +24,164 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
         [fmt.format(*map(str, r)).rstrip() for r in rows]
 
 
+_KEEP = re.compile(r"(?<=\d) (?=(?:[KMGT]?i?B|[KMGT]?B/s|[GT]?FLOP/s|ms|s)\b)")
+
+
+def wrap(text: str, indent: str = "  ", hang: str = "    ") -> List[str]:
+    """One logical line as terminal lines: `indent` first, `hang` on continuations; a
+    number and its unit stay on one line."""
+    lines = textwrap.wrap(_KEEP.sub("\0", text), WIDTH, initial_indent=indent,
+                          subsequent_indent=hang, break_long_words=False,
+                          break_on_hyphens=False) or [indent.rstrip()]
+    return [line.replace("\0", " ") for line in lines]
+
+
+def short_bytes(n) -> str:
+    """Three significant digits: 22.2 GiB, 810 MiB, 9.10 GiB (tables; JSON has bytes)."""
+    if n is None:
+        return "-"
+    sign, n = ("-" if n < 0 else ""), abs(n)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= size:
+            v = n / size
+            digits = 2 if v < 9.995 else 1 if v < 99.95 else 0
+            return f"{sign}{v:.{digits}f} {unit}"
+    return f"{sign}{n} B"
+
+
+def _free_total(free: int, total: int) -> str:
+    f, t = short_bytes(free), short_bytes(total)
+    if f.split()[-1] == t.split()[-1]:
+        return f"{f.rsplit(' ', 1)[0]}/{t}"
+    return f"{f}/{t}"
+
+
+def _runtime_text(runtime: Sequence[str]) -> str:
+    text = "&".join(runtime)
+    if len(text) <= RUNTIME_WIDTH:
+        return text
+    return f"{runtime[0]}&{len(runtime) - 1} more"   # the reasons name every device
+
+
 def _stream_text(cp) -> str:
     if cp.stream is None:
         return "-"
     return f"K={cp.stream.resident_blocks} depth={cp.stream.prefetch_depth}"
 
 
+def _shown(plan):
+    """The components that get a row: those described, or all when none was."""
+    present = [(n, cp) for n, cp in plan.components.items() if cp.present]
+    return present or list(plan.components.items())
+
+
 def render_plan(plan) -> str:
     comp_rows = []
-    for name, cp in plan.components.items():
+    shown = _shown(plan)
+    for name, cp in shown:
         comp_rows.append([
             name + ("" if cp.present else " (not loaded)"),
-            "&".join(cp.runtime), cp.params,
+            _runtime_text(cp.runtime), cp.params,
             cp.split_mode if cp.is_split else "-", _stream_text(cp),
-            format_bytes(cp.total_bytes) if cp.present else "-",
-            format_bytes(cp.resident_bytes) if cp.present else "-",
-            format_bytes(cp.streamed_bytes) if cp.present and cp.stream else "-",
+            short_bytes(cp.total_bytes) if cp.present else "-",
+            short_bytes(cp.resident_bytes) if cp.present else "-",
+            short_bytes(cp.streamed_bytes) if cp.present and cp.stream else "-",
             cp.lora,
         ])
     out = [f"placement plan (schema v{plan.version})", ""]
+    # streamed: bytes copied per forward (per sampling step for diffusion and controlnet)
     out += table(["component", "runtime", "params", "split", "stream", "size", "on device",
-                  "streamed/step", "lora"], comp_rows)
-    fitted = plan.extra.get("device_table")
-    if fitted:      # auto-fit's breakdown, like llama.cpp --fit: use per phase, deficits
-        phases = [p for p in fitted[0]["phases"]]
-        dev_rows = [[d["name"], d["kind"], format_bytes(d["total_bytes"]),
-                     format_bytes(d["free_bytes"]),
-                     f"{format_bytes(d['budget_bytes'])} ({d['budget_from']})"]
-                    + [format_bytes(d["phases"][p]) for p in phases]
-                    + [format_bytes(d["headroom_bytes"]),
-                       "DEFICIT " + format_bytes(d["deficit_bytes"]) if d["deficit_bytes"]
-                       else format_bytes(d["slack_bytes"])] for d in fitted]
-        out += [""] + table(["device", "kind", "total", "free", "budget"] + phases
-                            + ["headroom", "left"], dev_rows)
-    else:
-        dev_rows = [[d.name, d.kind, format_bytes(d.total_bytes), format_bytes(d.free_bytes),
-                     format_bytes(d.budget_bytes), format_bytes(d.planned_bytes),
-                     _headroom(d)] for d in plan.devices]
-        out += [""] + table(["device", "kind", "total", "free", "budget", "planned", "left"],
-                            dev_rows)
-    predicted = plan.extra.get("fit", {}).get("predicted")
-    if predicted:
-        out += ["", f"predicted: {predicted['sample_step_s'] * 1000:.0f} ms per sampling step, "
-                    f"{format_bytes(predicted['streamed_bytes_per_step'])} streamed per step, "
-                    f"{predicted['generation_s']:.2f} s per generation "
-                    f"({plan.extra['fit']['steps']} steps; cost model in docs/autofit.md)"]
+                  "streamed", "lora"], comp_rows)
+    out += _device_lines(plan, shown)
+    out += _predicted_lines(plan)
     reasons = [(n, cp.reasons) for n, cp in plan.components.items() if cp.present]
     if reasons:
         out += ["", "reasons:"]
         for name, rs in reasons:
-            out += [f"  {name}: " + "; ".join(rs)]
+            out += wrap(f"{name}: " + "; ".join(rs))
     if plan.warnings:
-        out += ["", "warnings:"] + [f"  ! {w}" for w in plan.warnings]
+        out += ["", "warnings:"]
+        for w in plan.warnings:
+            out += wrap(f"! {w}")
     return "\n".join(out)
+
+
+def _device_lines(plan, shown) -> List[str]:
+    fitted = plan.extra.get("device_table")
+    if not fitted:
+        dev_rows = [[d.name, d.kind, _free_total(d.free_bytes, d.total_bytes),
+                     short_bytes(d.budget_bytes), short_bytes(d.planned_bytes),
+                     _headroom(d)] for d in plan.devices]
+        return [""] + table(["device", "kind", "free/total", "budget", "planned", "left"],
+                            dev_rows)
+    # auto-fit's breakdown, like llama.cpp --fit: use per phase, deficits. Only the
+    # phases in which a shown component computes get a column.
+    used = {PHASES[n] for n, cp in shown if cp.present}
+    phases = [p for p in fitted[0]["phases"] if p in used] or list(fitted[0]["phases"])
+    dev_rows = [[d["name"], d["kind"], _free_total(d["free_bytes"], d["total_bytes"]),
+                 short_bytes(d["budget_bytes"])]
+                + [short_bytes(d["phases"][p]) for p in phases]
+                + [short_bytes(d["headroom_bytes"]),
+                   "DEFICIT " + short_bytes(d["deficit_bytes"]) if d["deficit_bytes"]
+                   else short_bytes(d["slack_bytes"])] for d in fitted]
+    out = [""] + table(["device", "kind", "free/total", "budget"] + phases
+                       + ["headroom", "left"], dev_rows)
+    groups = {}
+    for d in fitted:
+        groups.setdefault(d["budget_from"], []).append(d["name"])
+    out += wrap("budgets: " + "; ".join(f"{', '.join(names)} = {how}"
+                                        for how, names in groups.items()), "", "  ")
+    return out
+
+
+def _rate(value, unit: str) -> str:
+    for prefix, size in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if value >= size:
+            return f"{value / size:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def _predicted_lines(plan) -> List[str]:
+    fit = plan.extra.get("fit", {})
+    predicted = fit.get("predicted")
+    if not predicted:
+        return []
+    out = [""] + wrap(
+        f"predicted: {predicted['sample_step_s'] * 1000:.0f} ms per sampling step, "
+        f"{format_bytes(predicted['streamed_bytes_per_step'])} streamed per step, "
+        f"{predicted['generation_s']:.2f} s per generation ({fit['steps']} steps; "
+        f"cost model in docs/autofit.md)", "", "  ")
+    model = fit.get("cost_model")
+    if model:
+        out += wrap("assumes: " + _speeds(plan, model), "", "  ")
+    return out
+
+
+def _speeds(plan, model) -> str:
+    """The device speeds the prediction rests on, devices of equal speeds together,
+    and whether they are the defaults for their kind or were given to the planner."""
+    flops = model.get("throughput_flops", {})
+    links = model.get("bandwidth_bytes_per_s", {})
+    groups, default = {}, True
+    for d in plan.devices:
+        if d.name not in flops:
+            continue
+        f, b = flops[d.name], links.get(d.name)
+        default_b = DEFAULT_BANDWIDTH.get(d.kind)
+        default = default and f == DEFAULT_THROUGHPUT.get(d.kind) and (
+            b == default_b or (b is None and default_b == float("inf")))
+        text = _rate(f, "FLOP/s") + ("" if b is None else f", {_rate(b, 'B/s')} from host")
+        groups.setdefault(text, []).append(d.name)
+    parts = [f"{', '.join(names)} {text}" for text, names in groups.items()]
+    peer = model.get("peer_bandwidth_bytes_per_s")
+    if peer:
+        parts.append(f"{_rate(peer, 'B/s')} between GPUs")
+    source = ("the default speeds of each device kind" if default and not peer
+              else "speeds given to the planner")
+    return "; ".join(parts) + f" ({source})"
 
 
 def _headroom(d) -> str:
     limit = d.budget_bytes if d.budget_bytes is not None else d.free_bytes
     left = limit - d.planned_bytes
-    return format_bytes(left) if left >= 0 else f"DEFICIT {format_bytes(-left)}"
+    return short_bytes(left) if left >= 0 else f"DEFICIT {short_bytes(-left)}"
