@@ -6,11 +6,18 @@ what those cannot express (streaming, disk residency, splits, simulated devices)
 the pack's engine (runtime/comfy/engine.py). What neither runs yet is a node error
 naming the missing piece.
 """
+import logging
+
+import comfy.patcher_extension as ext
 from comfy_api.latest import io, ui
 
 from ..runtime.comfy import place_objects
+from ..runtime.comfy.workload import (AUTOFIT_KEY, FOLLOWS_LATENT, AutoFitSession,
+                                      from_prompt, latent_ratios, placement_key)
 from .common import CATEGORY, Placement, PlacementType, node_inventory
 from .planning import make_plan
+
+log = logging.getLogger("comfyui-placement")
 
 # (input name, io type, component)
 SLOTS = (
@@ -30,8 +37,16 @@ class ApplyPlacement(io.ComfyNode):
         inputs = [PlacementType.Input("placement", tooltip="from Backend Assignment")]
         inputs += [kind.Input(name, optional=True, tooltip=f"placed as the plan's {comp}")
                    for name, kind, comp in SLOTS]
+        inputs.append(io.Latent.Input(
+            "latent", optional=True,
+            tooltip="auto_fit: the latent the sampler starts from, so the plan is made at "
+                    "node time for its real size (else read from the prompt: the "
+                    "sampler's steps/cfg and its Empty Latent's width/height/batch)"))
         outputs = [kind.Output(name) for name, kind, _ in SLOTS]
-        outputs.append(io.String.Output("plan_json", tooltip="the plan, JSON schema v1"))
+        outputs.append(io.String.Output(
+            "plan_json", tooltip="the plan, JSON schema v1; with auto_fit, its 'workload' "
+                                 "key says what it was planned for (the plan that ran is "
+                                 "shown in the node when sampling re-plans)"))
         return io.Schema(
             node_id="PlacementApply",
             display_name="Apply Placement",
@@ -44,16 +59,85 @@ class ApplyPlacement(io.ComfyNode):
                         "Unconnected outputs are empty.",
             inputs=inputs,
             outputs=outputs,
+            hidden=[io.Hidden.unique_id, io.Hidden.prompt],
         )
 
     @classmethod
-    def execute(cls, placement: Placement, **objects) -> io.NodeOutput:
+    def execute(cls, placement: Placement, latent=None, **objects) -> io.NodeOutput:
         by_component = {comp: objects.get(name) for name, _, comp in SLOTS}
         inventory = node_inventory()
-        plan = make_plan(placement.spec, inventory, by_component, strict=placement.strict)
+        spec, strict = placement.spec, placement.strict
+        model = by_component.get("diffusion")
+        node_id = getattr(cls.hidden, "unique_id", None) if cls.hidden else None
+        workload = None
+        if spec.auto_fit:
+            workload = from_prompt(getattr(cls.hidden, "prompt", None) if cls.hidden else None,
+                                   node_id, _latent_shape(latent),
+                                   latent_ratios(model) if model is not None else (8, 1))
+        plan = make_plan(spec, inventory, by_component, strict=strict, workload=workload)
         placed, notes = place_objects(plan, inventory, by_component)
         text = plan.report()
         if notes:
             text += "\n\napplied:\n" + "\n".join(f"  {n}" for n in notes)
+        if workload is not None:
+            text += f"\n\nauto-fit planned for: {workload.describe()} ({workload.source})"
+        if workload is not None and placed.get("diffusion") is not None:
+            session = _auto_fit_session(plan, workload, spec, strict, inventory,
+                                        by_component, placed, node_id)
+            placed["diffusion"].set_attachments(AUTOFIT_KEY, session)
+            placed["diffusion"].add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, AUTOFIT_KEY,
+                                                     session.outer_sample)
+            text += ("\nWhen sampling starts, a different workload (latent size, frames, "
+                     "batch, steps, CFG) is planned again and the plan that ran is shown "
+                     "here.")
         results = [placed.get(comp) for _, _, comp in SLOTS]
         return io.NodeOutput(*results, plan.to_json(), ui=ui.PreviewText(text))
+
+
+def _latent_shape(latent):
+    if not isinstance(latent, dict) or latent.get("samples") is None:
+        return None
+    samples = latent["samples"]
+    if getattr(samples, "is_nested", False):
+        samples = samples.unbind()[0]
+    return tuple(samples.shape)
+
+
+def _auto_fit_session(plan, workload, spec, strict, inventory, objects, placed, node_id):
+    """The sampling-time half of auto-fit (runtime/comfy/workload.py)."""
+    def replan(real, first):
+        pins = {c: cp for c, cp in first.components.items()
+                if c not in FOLLOWS_LATENT and cp.present}
+        return make_plan(spec, inventory, objects, strict=strict, workload=real, pins=pins)
+
+    def place(new_plan, objs):
+        return place_objects(new_plan, inventory, objs)[0]
+
+    def show(real, ran):
+        if real == workload:
+            how = "plan_json holds this plan (planned at node time for this workload)"
+        elif all(placement_key(ran, c) == placement_key(plan, c) for c in FOLLOWS_LATENT):
+            how = (f"same placement as plan_json, which was planned for {workload.describe()} "
+                   f"({workload.source})")
+        else:
+            how = (f"plan_json holds the node-time plan for {workload.describe()} "
+                   f"({workload.source}); this run was planned again. Connect the "
+                   f"sampler's latent to Apply Placement's latent input to plan it at "
+                   f"node time.")
+        text = (f"plan that ran (sampling {real.describe()}):\n{ran.report()}\n\n{how}")
+        send_node_text(text, node_id)
+
+    return AutoFitSession(plan, workload, replan, place, show,
+                          vae_input=objects.get("vae"), vae_output=placed.get("vae"))
+
+
+def send_node_text(text: str, node_id) -> None:
+    """Show `text` in the node while the prompt runs (ComfyUI's progress text message,
+    the one core nodes use for text shown under a node)."""
+    if node_id is None:
+        return
+    try:
+        from server import PromptServer
+        PromptServer.instance.send_progress_text(text, str(node_id))
+    except Exception as exc:          # no server (a script), or an older one
+        log.info("placement: node text not sent (%s): %s", exc, text.splitlines()[0])

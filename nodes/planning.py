@@ -17,11 +17,22 @@ EXECUTOR = "comfyui"
 
 
 def make_plan(spec, inventory, objects: Optional[Dict[str, object]] = None,
-              strict: bool = False):
-    infos = {comp: describe_object(comp, obj) for comp, obj in (objects or {}).items()
-             if obj is not None}
-    return resolve_plan(spec, inventory, components=infos or None, strict=strict,
-                        executor=EXECUTOR)
+              strict: bool = False, workload=None, pins=None):
+    """`workload` (runtime/comfy/workload.Workload): what sampling will compute; its
+    size sets every component's working memory, and with auto_fit its steps and CFG
+    batch the costs. `pins`: components already placed (auto-fit keeps them)."""
+    size = {} if workload is None else {"resolution": tuple(workload.resolution),
+                                        "frames": workload.frames, "batch": workload.batch}
+    infos = {comp: describe_object(comp, obj, workload) for comp, obj in
+             (objects or {}).items() if obj is not None}
+    extra = {}
+    if workload is not None and spec.auto_fit:
+        extra = {"steps": workload.steps, "cond_batch": workload.cond_batch, "pins": pins}
+    result = resolve_plan(spec, inventory, components=infos or None, strict=strict,
+                          executor=EXECUTOR, **size, **extra)
+    if workload is not None:
+        result.extra["workload"] = workload.to_dict()
+    return result
 
 
 def torch_module(obj):
@@ -34,14 +45,41 @@ def torch_module(obj):
     return getattr(module, "diffusion_model", module)
 
 
-def describe_object(component: str, obj) -> ComponentInfo:
+def describe_object(component: str, obj, workload=None) -> ComponentInfo:
     module = torch_module(obj)
     label = f"comfy:{type(obj).__name__}"
+    size = {} if workload is None else {"resolution": tuple(workload.resolution),
+                                        "frames": workload.frames, "batch": workload.batch}
     try:
-        return describe_component(component, [module])
+        info = describe_component(component, [module], **size)
+        if workload is not None and component in ("diffusion", "controlnet"):
+            info = with_cond_batch(info, workload.cond_batch)
+        return info
     except PlacementError as exc:
         return ComponentInfo(component, module_bytes(module), sources=(label,),
                              warnings=(f"{component}: described by size only ({exc})",))
+
+
+def with_cond_batch(info: ComponentInfo, cond_batch: int) -> ComponentInfo:
+    """The metadata's activation estimate assumes the architecture's usual CFG batch
+    (headroom.DIT cfg, 2 for UNets); scale it to the sampler's real one."""
+    from dataclasses import replace
+    from ..placement.metadata import headroom as hr
+    if info.headroom_bytes is None:
+        return info
+    if info.arch in hr.DIT:
+        assumed = hr.DIT[info.arch].cfg
+    elif info.arch in hr.UNETS:
+        assumed = 2
+    else:
+        return info                       # a fixed reserve: nothing to scale
+    if assumed == cond_batch:
+        return info
+    act = max(0, info.headroom_bytes - hr.WORKSPACE)
+    scaled = hr.WORKSPACE + act * cond_batch // assumed
+    return replace(info, headroom_bytes=scaled,
+                   headroom_basis=f"{info.headroom_basis}; scaled x{cond_batch}/{assumed} "
+                                  f"for the sampler's CFG batch")
 
 
 def module_bytes(module) -> int:

@@ -3,6 +3,7 @@
 Without auto_fit the plan is exactly what the user asked for (issue 2); with it,
 placement.fit decides what the user left unset. Both start from the same Request.
 """
+import copy
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -121,17 +122,23 @@ def device_plans(inventory: Inventory, budgets: Dict[str, Optional[int]]) -> Lis
 
 def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: bool = True,
          *, resolution=(1024, 1024), frames: int = 1, batch: int = 1,
-         executor: str = DEFAULT_EXECUTOR, **fit_options) -> Plan:
+         executor: str = DEFAULT_EXECUTOR, pins: Optional[Dict[str, ComponentPlan]] = None,
+         **fit_options) -> Plan:
     """Resolve `spec` for the seven components. `components` describes what is loaded
     ({component: path | [paths] | nn.Module | ComponentInfo}); with auto_fit it is what
     the planner fits, without it sizes only fill in the report and the warnings.
     `executor` is who runs the plan ('runtime': runtime.place, 'comfyui': the ComfyUI
     adapter): auto-fit proposes only what it runs (placement/capabilities.py), and an
-    explicit request it cannot run is a PlacementError naming what is missing."""
+    explicit request it cannot run is a PlacementError naming what is missing.
+    `pins` ({component: ComponentPlan}, auto-fit only): placements already made (inside
+    ComfyUI the text encoders ran before sampling re-plans); kept as they are."""
     from .lora import decide_lora
     executor = check_executor(executor)
     request = resolve_request(spec, inventory, strict)
     infos = describe_components(components, resolution, frames, batch)
+    pins = {c: cp for c, cp in (pins or {}).items() if c in infos} if spec.auto_fit else {}
+    for comp, cp in pins.items():
+        request.choices[comp] = Choice(list(cp.runtime), cp.params, cp.split_mode)
     if spec.auto_fit:
         from .fit import FitOptions, fit
         options = FitOptions(offload_mode=spec.offload_mode, resolution=resolution,
@@ -143,6 +150,8 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
             raise PlacementError(f"option(s) {', '.join(sorted(fit_options))} need auto_fit")
         result = explicit_plan(request, inventory, infos)
     decide_lora(result, infos, spec.lora_mode)
+    for comp, cp in pins.items():
+        result.components[comp] = copy.deepcopy(cp)
     # what was described; inside ComfyUI also what the spec names per module (Backend
     # Assignment plans before the models are connected: its error comes at queue time)
     named = set(spec.runtime.modules) | set(spec.params.modules) | set(spec.split.modules) \

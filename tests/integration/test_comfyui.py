@@ -54,7 +54,7 @@ def test_node_inputs_and_web_directory(results):
     apply_inputs = results["input_types"]["PlacementApply"]
     assert apply_inputs["required"] == ["placement"]
     assert apply_inputs["optional"] == sorted(["model", "clip", "vae", "control_net",
-                                               "clip_vision", "upscale_model", "photomaker"])
+                                               "clip_vision", "upscale_model", "photomaker", "latent"])
     assert set(results["input_types"]["PlacementBackendAssignment"]["required"]) == {
         "backend", "params_backend", "max_vram", "split_mode", "stream_layers", "auto_fit",
         "offload_mode", "offload_to_cpu", "clip_on_cpu", "vae_on_cpu", "control_net_cpu",

@@ -1,0 +1,278 @@
+"""Auto-fit inside ComfyUI plans the real workload (issue 8).
+
+What a sampling run computes (latent size, frames, batch, steps, and whether CFG runs
+cond and uncond as one batch) decides the working memory and the cost of every
+placement. Apply Placement plans at node time from what it can know then: the LATENT
+input when connected, else the sampler downstream in the prompt (its steps, cfg and
+the width/height/batch of the node that makes its latent), else the defaults. When
+sampling starts, AutoFitSession (a WrappersMP.OUTER_SAMPLE wrapper on the placed MODEL)
+reads the real workload from the sampler's arguments; when it differs from the one
+planned for, it plans again and runs that plan: the diffusion model through a placed
+copy swapped into the guider for this run, the VAE output re-placed in place (it
+decodes after sampling). Text encoders ran before sampling: their placement stays
+what was planned at node time (pinned in the re-plan). Every run shows the plan that
+ran in the node.
+"""
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Tuple
+
+from ...placement.plan import Plan
+
+AUTOFIT_KEY = "placement_autofit"      # wrapper and attachment key of the session
+FOLLOWS_LATENT = ("diffusion", "vae")  # re-planned at sampling; the rest is pinned
+_CACHE = 4                             # placed copies kept per session (one per plan)
+
+
+@dataclass(frozen=True)
+class Workload:
+    resolution: Tuple[int, int] = (1024, 1024)    # pixels (width, height)
+    frames: int = 1
+    batch: int = 1
+    steps: int = 20
+    cond_batch: int = 1                            # 2: cond and uncond in one batch (CFG)
+    source: str = field(default="default", compare=False)
+
+    def plan_args(self) -> dict:
+        """Keyword arguments of placement.resolve.plan for this workload (auto-fit)."""
+        return {"resolution": tuple(self.resolution), "frames": self.frames,
+                "batch": self.batch, "steps": self.steps, "cond_batch": self.cond_batch}
+
+    def describe(self) -> str:
+        w, h = self.resolution
+        frames = f", {self.frames} frames" if self.frames > 1 else ""
+        cfg = ", CFG: cond+uncond (x2)" if self.cond_batch > 1 else ", no uncond pass"
+        return f"{w}x{h}{frames}, batch {self.batch}, {self.steps} steps{cfg}"
+
+    def to_dict(self) -> dict:
+        return {"resolution": list(self.resolution), "frames": self.frames,
+                "batch": self.batch, "steps": self.steps, "cond_batch": self.cond_batch,
+                "source": self.source}
+
+
+def from_latent_shape(shape, spatial: int = 8, temporal: int = 1, steps: int = 20,
+                      cond_batch: int = 1, source: str = "latent") -> Workload:
+    """[B, C, H, W] or [B, C, T, H, W] latent -> pixels, frames and batch."""
+    shape = [int(s) for s in shape]
+    if len(shape) < 4:
+        raise ValueError(f"a latent has 4 or 5 dimensions, got shape {shape}")
+    batch, height, width = shape[0], shape[-2], shape[-1]
+    frames = (shape[2] - 1) * max(1, int(temporal)) + 1 if len(shape) >= 5 else 1
+    spatial = max(1, int(spatial))
+    return Workload((max(8, width * spatial), max(8, height * spatial)), max(1, frames),
+                    max(1, batch), max(1, int(steps)), cond_batch, source)
+
+
+def latent_ratios(patcher) -> Tuple[int, int]:
+    """(spatial, temporal) compression of the model's latent format (8, 1 by default)."""
+    fmt = None
+    try:
+        fmt = patcher.get_model_object("latent_format")
+    except Exception:
+        fmt = getattr(getattr(patcher, "model", None), "latent_format", None)
+    return (int(getattr(fmt, "spacial_downscale_ratio", 8) or 8),
+            int(getattr(fmt, "temporal_downscale_ratio", 1) or 1))
+
+
+def uses_uncond(cfg, conds, model_options) -> bool:
+    """ComfyUI's sampling_function skips the uncond pass at cfg 1 (unless the cfg1
+    optimisation is disabled) and when there is no negative."""
+    if not conds or not conds.get("negative"):
+        return False
+    if cfg is None:
+        return False
+    if math.isclose(float(cfg), 1.0) and not (model_options or {}).get(
+            "disable_cfg1_optimization", False):
+        return False
+    return True
+
+
+def from_sampling(guider, noise, sigmas) -> Workload:
+    """The workload of the run a CFGGuider is about to do (OUTER_SAMPLE arguments)."""
+    spatial, temporal = latent_ratios(guider.model_patcher)
+    steps = max(1, int(sigmas.shape[-1]) - 1)
+    conds = getattr(guider, "conds", None) or getattr(guider, "original_conds", None)
+    cond = 2 if uses_uncond(getattr(guider, "cfg", None), conds,
+                            getattr(guider, "model_options", None)) else 1
+    return from_latent_shape(tuple(noise.shape), spatial, temporal, steps, cond, "sampler")
+
+
+# -- node time: what the prompt says ----------------------------------------------------
+SAMPLER_INPUTS = ("steps", "latent_image")
+
+
+def from_prompt(prompt: Optional[dict], node_id, latent_shape=None, ratios=(8, 1)
+                ) -> Workload:
+    """The workload the sampler fed by this node's MODEL output will run, as far as the
+    API prompt tells: its steps and cfg (literal widgets), and the pixels of the node
+    that makes its latent (EmptyLatentImage and kin: width/height/batch_size/length).
+    `latent_shape` (the LATENT input's samples) wins for the size. Unknown parts keep
+    the defaults; `source` says where the numbers came from."""
+    base = Workload()
+    found = []
+    sampler = _sampler(prompt or {}, str(node_id)) if prompt and node_id is not None else None
+    steps, cond = base.steps, base.cond_batch
+    if sampler is not None:
+        inputs = sampler.get("inputs", {})
+        if isinstance(inputs.get("steps"), int) and inputs["steps"] >= 1:
+            steps = inputs["steps"]
+            found.append("steps")
+        cfg = inputs.get("cfg")
+        if isinstance(cfg, (int, float)) and not isinstance(cfg, bool):
+            has_negative = isinstance(inputs.get("negative"), list)
+            cond = 2 if has_negative and not math.isclose(float(cfg), 1.0) else 1
+            found.append("cfg")
+    if latent_shape is not None:
+        w = from_latent_shape(latent_shape, ratios[0], ratios[1], steps, cond)
+        return Workload(w.resolution, w.frames, w.batch, steps, cond,
+                        "LATENT input" + (" + sampler " + "/".join(found) if found else ""))
+    size = _latent_size(prompt, sampler) if sampler is not None else None
+    if size is not None:
+        (width, height), batch, frames = size
+        found.append("latent size")
+        return Workload((width, height), frames, batch, steps, cond,
+                        "prompt: sampler " + "/".join(found))
+    source = ("prompt: sampler " + "/".join(found) + "; size unknown, default") if found \
+        else "default (no sampler found downstream)"
+    return Workload(base.resolution, base.frames, base.batch, steps, cond, source)
+
+
+def _sampler(prompt: dict, node_id: str) -> Optional[dict]:
+    """The first sampler (a node with steps and latent_image) reached from this node's
+    output 0 through nodes that pass a MODEL along (input 'model')."""
+    frontier, seen = [node_id], set()
+    while frontier:
+        src = frontier.pop(0)
+        if src in seen:
+            continue
+        seen.add(src)
+        for nid in sorted(prompt, key=str):
+            node = prompt[nid]
+            link = (node.get("inputs") or {}).get("model")
+            if not (isinstance(link, list) and len(link) == 2 and str(link[0]) == src
+                    and link[1] == 0):
+                continue
+            if all(k in node.get("inputs", {}) for k in SAMPLER_INPUTS):
+                return node
+            frontier.append(str(nid))
+    return None
+
+
+def _latent_size(prompt: dict, sampler: dict):
+    link = sampler.get("inputs", {}).get("latent_image")
+    if not (isinstance(link, list) and len(link) == 2):
+        return None
+    node = prompt.get(str(link[0])) or prompt.get(link[0])
+    inputs = (node or {}).get("inputs", {})
+    width, height = inputs.get("width"), inputs.get("height")
+    if not (isinstance(width, int) and isinstance(height, int)):
+        return None
+    batch = inputs.get("batch_size", 1)
+    frames = inputs.get("length", 1)
+    return ((width, height), batch if isinstance(batch, int) and batch >= 1 else 1,
+            frames if isinstance(frames, int) and frames >= 1 else 1)
+
+
+# -- sampling time ---------------------------------------------------------------------
+def placement_key(plan: Plan, component: str) -> str:
+    """What a component's placement is, without the reasons (they quote the workload)."""
+    c = plan.to_dict()["components"].get(component, {})
+    return json.dumps({k: c.get(k) for k in ("runtime", "params", "split_mode", "stream",
+                                             "blocks", "lora")}, sort_keys=True)
+
+
+class AutoFitSession:
+    """The auto-fit of one Apply Placement, re-planned for each sampling run's workload.
+
+    replan(workload, pins) -> Plan plans again (pins: the node-time plan, whose
+    components other than FOLLOWS_LATENT keep their placement); place(plan, {component:
+    object}) -> {component: placed} places; show(workload, plan) tells the node."""
+
+    def __init__(self, plan: Plan, workload: Workload, replan: Callable, place: Callable,
+                 show: Callable, vae_input=None, vae_output=None):
+        self.plan0, self.workload0 = plan, workload
+        self.replan, self.place, self.show = replan, place, show
+        self.plans: Dict[Workload, Plan] = {workload: plan}
+        self.models: list = []           # [(plan key, base patcher, placed clone)]
+        self.vae_input, self.vae_output = vae_input, vae_output
+        self.vae_states: Dict[str, dict] = {}
+        self.vae_key = placement_key(plan, "vae")
+        if vae_output is not None:
+            self.vae_states[self.vae_key] = dict(vae_output.__dict__)
+        self.last: Optional[Tuple[Workload, Plan]] = None
+        self.runs = 0
+
+    # ComfyUI copies attachments into clones with this hook: one session per node output.
+    def on_model_patcher_clone(self):
+        return self
+
+    def plan_for(self, workload: Workload) -> Plan:
+        plan = self.plans.get(workload)
+        if plan is None:
+            plan = self.plans[workload] = self.replan(workload, self.plan0)
+        return plan
+
+    def outer_sample(self, executor, noise, latent_image, sampler, sigmas, *args, **kwargs):
+        guider = executor.class_obj
+        workload = from_sampling(guider, noise, sigmas)
+        plan = self.plan_for(workload)
+        self.runs += 1
+        self.last = (workload, plan)
+        self._use_vae(plan)
+        self.show(workload, plan)
+        if placement_key(plan, "diffusion") == placement_key(self.plan0, "diffusion"):
+            return executor(noise, latent_image, sampler, sigmas, *args, **kwargs)
+        return self._swapped(executor, guider, plan, (noise, latent_image, sampler, sigmas)
+                             + args, kwargs)
+
+    def _placed_model(self, plan: Plan, base):
+        import comfy.patcher_extension as ext
+        key = placement_key(plan, "diffusion")
+        for k, b, placed in self.models:
+            if k == key and b is base:
+                return placed
+        placed = self.place(plan, {"diffusion": base})["diffusion"]
+        placed.remove_wrappers_with_key(ext.WrappersMP.OUTER_SAMPLE, AUTOFIT_KEY)
+        placed.remove_attachments(AUTOFIT_KEY)
+        self.models.append((key, base, placed))
+        del self.models[:-_CACHE]
+        return placed
+
+    def _swapped(self, executor, guider, plan, args, kwargs):
+        """Run this sampling with the placed copy for `plan` in the guider: its load and
+        offload devices, and its wrappers (the engine's) in the sampling options."""
+        import comfy.model_patcher
+        import comfy.patcher_extension as ext
+        import comfy.sampler_helpers
+        from .engine_patcher import KEY
+        placed = self._placed_model(plan, guider.model_patcher)
+        options = comfy.model_patcher.create_model_options_clone(placed.model_options)
+        options.setdefault("transformer_options", {})
+        comfy.sampler_helpers.prepare_model_patcher(placed, guider.conds, options)
+        saved = guider.model_patcher, guider.model_options
+        guider.model_patcher, guider.model_options = placed, options
+        try:
+            # the rest of the original chain runs inside the placed copy's own (engine)
+            # OUTER_SAMPLE wrappers, which close its placement when the run ends
+            own = list(placed.wrappers.get(ext.WrappersMP.OUTER_SAMPLE, {}).get(KEY, []))
+            return ext.WrapperExecutor.new_class_executor(
+                lambda *a, **k: executor(*a, **k), guider, own).execute(*args, **kwargs)
+        finally:
+            guider.model_patcher, guider.model_options = saved
+
+    def _use_vae(self, plan: Plan) -> None:
+        """The VAE output decodes after sampling: give it the placement of this plan (it
+        is this node's own copy, re-placed from the VAE input)."""
+        if self.vae_output is None or self.vae_input is None:
+            return
+        key = placement_key(plan, "vae")
+        if key == self.vae_key:
+            return
+        state = self.vae_states.get(key)
+        if state is None:
+            placed = self.place(plan, {"vae": self.vae_input})["vae"]
+            state = self.vae_states[key] = dict(placed.__dict__)
+        self.vae_output.__dict__.clear()
+        self.vae_output.__dict__.update(state)
+        self.vae_key = key
