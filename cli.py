@@ -94,13 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
     st.add_argument("--reps", default="5", help="timed steps per way (median reported)")
     st.add_argument("--no-tests", action="store_true", help="skip the CUDA test files")
+    st.add_argument("--cpu", action="store_true", help="the CPU part (simulated device) "
+                    "even where CUDA is present")
     return parser
 
 
 def _cmd_selftest(args) -> int:
     from .runtime.selftest import run_selftest
     report = run_selftest(args.json, reps=_positive(args.reps, "repetition count"),
-                          run_tests=not args.no_tests)
+                          run_tests=not args.no_tests, cpu=args.cpu)
     return 1 if report["cuda_tests"]["status"] == "failed" else 0
 
 

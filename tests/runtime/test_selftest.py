@@ -7,7 +7,7 @@ from comfyui_placement.cli import main
 
 def test_selftest_cpu_part(tmp_path, capsys):
     out = tmp_path / "selftest.json"
-    assert main(["selftest", "--reps", "2", "--json", str(out)]) == 0
+    assert main(["selftest", "--cpu", "--reps", "2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     text = capsys.readouterr().out
     assert "placement selftest" in text and "pack engine, streamed, depth 1" in text
