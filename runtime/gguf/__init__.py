@@ -1,0 +1,12 @@
+"""GGUF in the runtime: quantized bytes dequantized on the compute device (pure torch).
+
+- `dequantize(raw_uint8, qtype, shape, dtype)`: one tensor's raw bytes to floats
+  (types in `SUPPORTED`; any other is refused by name with a PlacementError).
+- `GGUFTensors(path)`: a file's tensor table (name, type, shape, byte range) and reads of
+  one tensor's bytes into a caller's uint8 buffer (the `gguf` package parses the table).
+"""
+from .dequant import dequantize, quantized_nbytes
+from .types import SUPPORTED, GGMLType, ggml_type, supported
+
+__all__ = ["dequantize", "quantized_nbytes", "SUPPORTED", "GGMLType", "ggml_type",
+           "supported"]
