@@ -6,7 +6,8 @@
   one tensor's bytes into a caller's uint8 buffer (the `gguf` package parses the table).
 """
 from .dequant import dequantize, quantized_nbytes
+from .reader import GGUFTensor, GGUFTensors, list_tensors
 from .types import SUPPORTED, GGMLType, ggml_type, supported
 
 __all__ = ["dequantize", "quantized_nbytes", "SUPPORTED", "GGMLType", "ggml_type",
-           "supported"]
+           "supported", "GGUFTensor", "GGUFTensors", "list_tensors"]

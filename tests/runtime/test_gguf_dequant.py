@@ -278,3 +278,124 @@ def test_cuda_matches_the_reference(name):
     t = torch.from_numpy(raw).cuda()
     assert_bit_exact(dequantize(t, name, shape).cpu(), ref)
     assert_rounded(dequantize(t, name, shape, torch.bfloat16).cpu(), ref)
+
+
+# -- the reader: tensor table and byte-range reads of tiny files -------------------------
+def write_gguf(path, entries, orig_shapes=()):
+    """entries: name -> (type name, numpy array: float data, or raw uint8 block bytes)."""
+    w = gguf.GGUFWriter(str(path), "test")
+    for name, shape in dict(orig_shapes).items():
+        w.add_array("comfy.gguf.orig_shape." + name, list(shape))
+    for name, (tname, arr) in entries.items():
+        if arr.dtype == np.uint8:
+            w.add_tensor(name, arr, raw_shape=arr.shape, raw_dtype=Q[tname])
+        else:
+            w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path):
+    rng = np.random.default_rng(21)
+    entries = {
+        "embed.weight": ("F32", rng.standard_normal((4, 8)).astype(np.float32)),
+        "norm.weight": ("F16", rng.standard_normal(64).astype(np.float16)),
+        "blocks.0.bf16": ("BF16", gguf.quants.quantize(
+            rng.standard_normal((3, 32)).astype(np.float32), Q.BF16)),
+        "blocks.0.q8": ("Q8_0", gguf.quants.quantize(
+            rng.standard_normal((2, 64)).astype(np.float32), Q.Q8_0)),
+        "blocks.0.q4": ("Q4_0", gguf.quants.quantize(
+            rng.standard_normal((2, 64)).astype(np.float32), Q.Q4_0)),
+    }
+    for name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL", "Q5_1"):
+        raw, _ = shaped(random_blocks(name, rng, 4), name, 2)
+        entries["blocks.1." + name.lower()] = (name, raw)
+    path = tmp_path / "tiny.gguf"
+    # a conv weight stored flattened, with ComfyUI-GGUF's torch shape beside it
+    entries["conv.weight"] = ("Q8_0", gguf.quants.quantize(
+        rng.standard_normal((4, 96)).astype(np.float32), Q.Q8_0))
+    write_gguf(path, entries, orig_shapes={"conv.weight": (4, 3, 4, 8)})
+    return path, entries
+
+
+def test_reader_lists_name_type_shape_and_byte_range(tiny_gguf):
+    from comfyui_placement.runtime.gguf import GGUFTensors, list_tensors
+    path, entries = tiny_gguf
+    table = GGUFTensors(path)
+    assert [t.name for t in table] == list(entries)
+    assert table.types()["Q8_0"] == 2
+    data = path.read_bytes()
+    ends = []
+    for t in list_tensors(path):
+        tname, arr = entries[t.name]
+        assert t.type == tname
+        n = int(np.prod(t.shape))
+        assert t.nbytes == quantized_nbytes(t.shape, t.type) == arr.nbytes
+        start, end = t.byte_range
+        assert data[start:end] == arr.tobytes()          # the range holds exactly its bytes
+        ends.append(end)
+        if t.name == "conv.weight":
+            assert t.shape == (4, 3, 4, 8)
+        elif tname in PLAIN and arr.dtype != np.uint8:
+            assert t.shape == arr.shape
+        else:
+            assert n == dequantize(torch.from_numpy(arr.reshape(-1)), tname, (n,)).numel()
+    assert max(ends) <= len(data)
+
+
+def test_reader_reads_one_tensor_into_a_buffer_and_it_dequantizes(tiny_gguf, monkeypatch):
+    import os as _os
+    from comfyui_placement.runtime.gguf import GGUFTensors
+    path, entries = tiny_gguf
+    reads = []
+    real = _os.preadv
+
+    def spy(fd, bufs, off):
+        got = real(fd, bufs, off)
+        reads.append((off, got))
+        return got
+
+    monkeypatch.setattr(_os, "preadv", spy)
+    table = GGUFTensors(path)
+    total = sum(t.nbytes for t in table)
+    buf = torch.full((total + 64,), 0xAB, dtype=torch.uint8)
+    at = 7                                               # any offset, not aligned
+    with table:
+        for t in table:
+            tname, arr = entries[t.name]
+            view = table.read_into(t.name, buf, at)
+            assert view.data_ptr() == buf.data_ptr() + at
+            assert bytes(view.numpy()) == arr.tobytes()
+            ref = reference(arr, tname).reshape(-1)
+            assert_bit_exact(dequantize(view, tname, t.shape).reshape(-1), ref)
+            at += t.nbytes
+        assert int(buf[at:].eq(0xAB).all()) == 1 and int(buf[:7].eq(0xAB).all()) == 1
+    assert sum(n for _, n in reads) == total             # only the tensors' own bytes
+    assert sorted(reads) == sorted((t.offset, t.nbytes) for t in table)   # each its range
+    one = GGUFTensors(path).read("blocks.1.q4_k")
+    assert one.numel() == entries["blocks.1.q4_k"][1].nbytes
+
+
+def test_reader_refusals(tiny_gguf, tmp_path):
+    from comfyui_placement.runtime.gguf import GGUFTensors
+    path, _ = tiny_gguf
+    table = GGUFTensors(path)
+    with pytest.raises(PlacementError, match="no tensor 'nope'"):
+        table["nope"]
+    with pytest.raises(PlacementError, match="do not fit"):
+        table.read_into("embed.weight", torch.empty(10, dtype=torch.uint8))
+    with pytest.raises(PlacementError, match="CPU uint8"):
+        table.read_into("embed.weight", torch.empty(1000, dtype=torch.float32))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file at all" * 10)
+    with pytest.raises(PlacementError, match="not a readable GGUF"):
+        GGUFTensors(bad)
+    short = tmp_path / "short.gguf"
+    short.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(PlacementError):
+        t = GGUFTensors(short)
+        last = list(t)[-1]
+        t.read(last.name)
