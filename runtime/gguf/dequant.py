@@ -16,7 +16,7 @@ import torch
 from ...placement.errors import PlacementError
 from .types import QK_K, supported
 
-Kernel = Callable[[torch.Tensor, torch.Tensor], None]
+Kernel = Callable[[torch.Tensor, torch.Tensor, "Work"], None]
 
 # IQ4_NL / IQ4_XS non-linear code book (ggml-common.h kvalues_iq4nl)
 KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -57,87 +57,119 @@ def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
         return field.contiguous().view(torch.float16).float()
 
 
-def _nibbles(qs: torch.Tensor, groups: int, width: int) -> torch.Tensor:
+class Work:
+    """Scratch of one dequantize call, allocated once at the chunk's size and reused by
+    every chunk (fresh large temporaries per op cost more than the arithmetic on a CPU).
+    `acc` is the fp32 accumulator: the output itself when it is fp32."""
+
+    def __init__(self, rows: int, device: torch.device):
+        self.rows, self.device = rows, device
+        self._bufs: Dict[Tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def get(self, key: str, tail: Tuple[int, ...], dtype: torch.dtype, m: int) -> torch.Tensor:
+        buf = self._bufs.get((key, dtype))
+        if buf is None or buf.shape[1:] != tail:
+            buf = torch.empty((self.rows, *tail), dtype=dtype, device=self.device)
+            self._bufs[(key, dtype)] = buf
+        return buf[:m]
+
+    def acc(self, o: torch.Tensor) -> torch.Tensor:
+        if o.dtype == torch.float32:
+            return o
+        return self.get("acc", tuple(o.shape[1:]), torch.float32, o.shape[0])
+
+
+def _done(acc: torch.Tensor, o: torch.Tensor) -> None:
+    if acc is not o:
+        o.copy_(acc)                        # the one rounding to the output dtype
+
+
+def _nibbles(qs: torch.Tensor, groups: int, width: int, w: Work) -> torch.Tensor:
     """(n, groups*width) bytes -> (n, groups, 2, width) uint8: low nibbles, then high."""
     n = qs.shape[0]
-    q = torch.empty((n, groups, 2, width), dtype=torch.uint8, device=qs.device)
+    q = w.get("nib", (groups, 2, width), torch.uint8, n)
     src = qs.reshape(n, groups, width)
     torch.bitwise_and(src, 15, out=q[:, :, 0])
     torch.bitwise_right_shift(src, 4, out=q[:, :, 1])
     return q
 
 
-def _mul_then(a: torch.Tensor, s: torch.Tensor, c: Optional[torch.Tensor], o: torch.Tensor,
-              sub: bool = False) -> None:
-    """o = a * s (+|-) c, each op rounded in fp32, the result cast once into o."""
-    if c is None:
-        torch.mul(a, s, out=o)
-        return
-    if o.dtype == torch.float32:
-        torch.mul(a, s, out=o)
-        (o.sub_ if sub else o.add_)(c)
-        return
-    t = torch.mul(a, s)
-    (torch.sub if sub else torch.add)(t, c, out=o)
-
-
-# -- legacy quants: 32 elements per block -----------------------------------------------
-def _q8_0(b, o):
-    torch.mul(b[:, 2:].view(torch.int8), _f16(b, 0), out=o)
-
-
-def _q4_0(b, o):
-    n = b.shape[0]
-    q = _nibbles(b[:, 2:18], 1, 16).view(torch.int8).sub_(8)
-    torch.mul(q.view(n, 32), _f16(b, 0), out=o)
-
-
-def _q4_1(b, o):
-    n = b.shape[0]
-    q = _nibbles(b[:, 4:20], 1, 16)
-    _mul_then(q.view(n, 32), _f16(b, 0), _f16(b, 2), o)
-
-
-def _high_bits(qh: torch.Tensor, shift: int) -> torch.Tensor:
+def _high_bits(qh: torch.Tensor, shift: int, w: Work) -> torch.Tensor:
     """(n, k) bytes -> (n, 8k) uint8: bit j of the little-endian bit string, << shift."""
     n, k = qh.shape
-    bits = (qh.unsqueeze(-1) >> _const("sh8", qh.device)).bitwise_and_(1)
+    bits = w.get("bits", (k, 8), torch.uint8, n)
+    torch.bitwise_right_shift(qh.unsqueeze(-1), _const("sh8", qh.device), out=bits)
+    bits.bitwise_and_(1)
     if shift:
         bits.bitwise_left_shift_(shift)
     return bits.view(n, 8 * k)
 
 
-def _q5(b, o, with_min: bool):
+def _codes_times(codes: torch.Tensor, scale: torch.Tensor, o: torch.Tensor, w: Work,
+                 minus: Optional[torch.Tensor] = None, plus: Optional[torch.Tensor] = None,
+                 view: Optional[Tuple[int, ...]] = None) -> None:
+    """o = float(codes) * scale [- minus | + plus], fp32 ops in the reference's order,
+    cast once into o. `view` shapes the accumulator like the codes."""
+    acc = w.acc(o)
+    a = acc.view(view) if view else acc
+    a.copy_(codes)                          # integer codes -> fp32, exact
+    a.mul_(scale)
+    if minus is not None:
+        a.sub_(minus)
+    elif plus is not None:
+        a.add_(plus)
+    _done(acc, o)
+
+
+# -- legacy quants: 32 elements per block -----------------------------------------------
+def _q8_0(b, o, w):
+    _codes_times(b[:, 2:].view(torch.int8), _f16(b, 0), o, w)
+
+
+def _q4_0(b, o, w):
+    n = b.shape[0]
+    q = _nibbles(b[:, 2:18], 1, 16, w).view(torch.int8).sub_(8)
+    _codes_times(q.view(n, 32), _f16(b, 0), o, w)
+
+
+def _q4_1(b, o, w):
+    n = b.shape[0]
+    q = _nibbles(b[:, 4:20], 1, 16, w)
+    _codes_times(q.view(n, 32), _f16(b, 0), o, w, plus=_f16(b, 2))
+
+
+def _q5(b, o, w, with_min: bool):
     n = b.shape[0]
     at = 4 if with_min else 2
-    q = _nibbles(b[:, at + 4:at + 20], 1, 16).view(n, 32)
-    q.bitwise_or_(_high_bits(b[:, at:at + 4], 4))
+    q = _nibbles(b[:, at + 4:at + 20], 1, 16, w).view(n, 32)
+    q.bitwise_or_(_high_bits(b[:, at:at + 4], 4, w))
     if with_min:
-        _mul_then(q, _f16(b, 0), _f16(b, 2), o)
+        _codes_times(q, _f16(b, 0), o, w, plus=_f16(b, 2))
     else:
-        torch.mul(q.view(torch.int8).sub_(16), _f16(b, 0), out=o)
+        _codes_times(q.view(torch.int8).sub_(16), _f16(b, 0), o, w)
 
 
-def _q5_0(b, o):
-    _q5(b, o, False)
+def _q5_0(b, o, w):
+    _q5(b, o, w, False)
 
 
-def _q5_1(b, o):
-    _q5(b, o, True)
+def _q5_1(b, o, w):
+    _q5(b, o, w, True)
 
 
 # -- K-quants: 256 elements per super-block ---------------------------------------------
-def _q2_k(b, o):
+def _q2_k(b, o, w):
     n = b.shape[0]
     sc, qs = b[:, 0:16], b[:, 16:80]
     dl = torch.mul(sc & 15, _f16(b, 80)).unsqueeze(-1)          # (n, 16, 1)
     ml = torch.mul(sc >> 4, _f16(b, 82)).unsqueeze(-1)
+    q = w.get("q", (2, 4, 32), torch.uint8, n)
     sh = _const("sh2", b.device).view(1, 1, 4, 1)
-    q = (qs.reshape(n, 2, 1, 32) >> sh).bitwise_and_(3)          # (n, 2, 4, 32)
-    _mul_then(q.view(n, 16, 16), dl, ml, o.view(n, 16, 16), sub=True)
+    torch.bitwise_right_shift(qs.reshape(n, 2, 1, 32), sh, out=q).bitwise_and_(3)
+    _codes_times(q.view(n, 16, 16), dl, o, w, minus=ml, view=(n, 16, 16))
 
 
-def _q3_k(b, o):
+def _q3_k(b, o, w):
     n = b.shape[0]
     hm, qs, sb = b[:, 0:32], b[:, 32:96], b[:, 96:108]
     lo, hi = sb[:, 0:8], sb[:, 8:12]
@@ -148,12 +180,16 @@ def _q3_k(b, o):
     hsc = (hi.unsqueeze(1) >> sh2.view(1, 4, 1)).bitwise_and_(3).bitwise_left_shift_(4)
     sc = sc.view(n, 16).bitwise_or_(hsc.view(n, 16)).view(torch.int8).sub_(32)
     dl = torch.mul(sc, _f16(b, 108)).unsqueeze(-1)               # (n, 16, 1)
-    q = (qs.reshape(n, 2, 1, 32) >> sh2.view(1, 1, 4, 1)).bitwise_and_(3)   # (n, 2, 4, 32)
+    q = w.get("q", (2, 4, 32), torch.uint8, n)
+    torch.bitwise_right_shift(qs.reshape(n, 2, 1, 32), sh2.view(1, 1, 4, 1), out=q)
+    q.bitwise_and_(3)
     # the high bit set means no offset: q = low2 + 4*bit - 4
-    hb = (hm.reshape(n, 1, 32) >> _const("sh8", b.device).view(1, 8, 1))
-    q = q.view(n, 256).bitwise_or_(hb.bitwise_and_(1).bitwise_left_shift_(2).view(n, 256))
-    q = q.view(torch.int8).sub_(4)
-    torch.mul(q.view(n, 16, 16), dl, out=o.view(n, 16, 16))
+    hb = w.get("hb", (8, 32), torch.uint8, n)
+    torch.bitwise_right_shift(hm.reshape(n, 1, 32), _const("sh8", b.device).view(1, 8, 1),
+                              out=hb)
+    hb.bitwise_and_(1).bitwise_left_shift_(2)
+    q = q.view(n, 256).bitwise_or_(hb.view(n, 256)).view(torch.int8).sub_(4)
+    _codes_times(q.view(n, 16, 16), dl, o, w, view=(n, 16, 16))
 
 
 def _scale_min_k4(s: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -170,45 +206,49 @@ def _scale_min_k4(s: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return sc.view(n, 8), mn.view(n, 8)
 
 
-def _q4_k(b, o):
+def _q4_k(b, o, w):
     n = b.shape[0]
     sc, mn = _scale_min_k4(b[:, 4:16])
     dl = torch.mul(sc, _f16(b, 0)).unsqueeze(-1)                # (n, 8, 1)
     dm = torch.mul(mn, _f16(b, 2)).unsqueeze(-1)
-    q = _nibbles(b[:, 16:144], 4, 32)                            # (n, 4, 2, 32)
-    _mul_then(q.view(n, 8, 32), dl, dm, o.view(n, 8, 32), sub=True)
+    q = _nibbles(b[:, 16:144], 4, 32, w)                         # (n, 4, 2, 32)
+    _codes_times(q.view(n, 8, 32), dl, o, w, minus=dm, view=(n, 8, 32))
 
 
-def _q5_k(b, o):
+def _q5_k(b, o, w):
     n = b.shape[0]
     sc, mn = _scale_min_k4(b[:, 4:16])
     dl = torch.mul(sc, _f16(b, 0)).unsqueeze(-1)
     dm = torch.mul(mn, _f16(b, 2)).unsqueeze(-1)
-    q = _nibbles(b[:, 48:176], 4, 32).view(n, 8, 32)
-    hb = (b[:, 16:48].reshape(n, 1, 32) >> _const("sh8", b.device).view(1, 8, 1))
+    q = _nibbles(b[:, 48:176], 4, 32, w).view(n, 8, 32)
+    hb = w.get("hb", (8, 32), torch.uint8, n)
+    torch.bitwise_right_shift(b[:, 16:48].reshape(n, 1, 32),
+                              _const("sh8", b.device).view(1, 8, 1), out=hb)
     q.bitwise_or_(hb.bitwise_and_(1).bitwise_left_shift_(4))
-    _mul_then(q, dl, dm, o.view(n, 8, 32), sub=True)
+    _codes_times(q, dl, o, w, minus=dm, view=(n, 8, 32))
 
 
-def _q6_k(b, o):
+def _q6_k(b, o, w):
     n = b.shape[0]
     ql, qh = b[:, 0:128], b[:, 128:192]
     dsc = torch.mul(b[:, 192:208].view(torch.int8), _f16(b, 208)).unsqueeze(-1)  # (n,16,1)
-    q = _nibbles(ql, 2, 64).view(n, 256)                         # (n, 2, 2, 64)
-    hi = (qh.reshape(n, 2, 1, 32) >> _const("sh2", b.device).view(1, 1, 4, 1))
+    q = _nibbles(ql, 2, 64, w).view(n, 256)                      # (n, 2, 2, 64)
+    hi = w.get("hi", (2, 4, 32), torch.uint8, n)
+    torch.bitwise_right_shift(qh.reshape(n, 2, 1, 32), _const("sh2", b.device).view(1, 1, 4, 1),
+                              out=hi)
     q.bitwise_or_(hi.bitwise_and_(3).bitwise_left_shift_(4).view(n, 256))
     q = q.view(torch.int8).sub_(32)
-    torch.mul(q.view(n, 16, 16), dsc, out=o.view(n, 16, 16))
+    _codes_times(q.view(n, 16, 16), dsc, o, w, view=(n, 16, 16))
 
 
 # -- IQ4: non-linear 4-bit code book ----------------------------------------------------
-def _iq4_nl(b, o):
+def _iq4_nl(b, o, w):
     n = b.shape[0]
     pairs = _const("iq4nl_pairs", b.device)[b[:, 2:18].long()]  # (n, 16, 2)
-    torch.mul(pairs.transpose(1, 2), _f16(b, 0).unsqueeze(-1), out=o.view(n, 2, 16))
+    _codes_times(pairs.transpose(1, 2), _f16(b, 0).unsqueeze(-1), o, w, view=(n, 2, 16))
 
 
-def _iq4_xs(b, o):
+def _iq4_xs(b, o, w):
     n = b.shape[0]
     sh = b[:, 2].to(torch.int32) | (b[:, 3].to(torch.int32) << 8)        # (n,)
     hsc = (sh.unsqueeze(-1) >> _const("sh16x2", b.device)).bitwise_and_(3)  # (n, 8)
@@ -219,7 +259,7 @@ def _iq4_xs(b, o):
     sc = lsc.view(n, 8).bitwise_or_(hsc.bitwise_left_shift_(4)).sub_(32)
     dl = torch.mul(sc, _f16(b, 0)).view(n, 8, 1, 1)
     pairs = _const("iq4nl_pairs", b.device)[b[:, 8:136].long().view(n, 8, 16)]  # (n,8,16,2)
-    torch.mul(pairs.transpose(2, 3), dl, out=o.view(n, 8, 2, 16))
+    _codes_times(pairs.transpose(2, 3), dl, o, w, view=(n, 8, 2, 16))
 
 
 KERNELS: Dict[str, Kernel] = {
@@ -229,8 +269,8 @@ KERNELS: Dict[str, Kernel] = {
 }
 _PLAIN = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
-# CPU: elements per chunk (the fp32 intermediates of one chunk stay in L2)
-CPU_CHUNK_ELEMENTS = 1 << 18
+# CPU: elements per chunk (one chunk's scratch stays in cache and is reused)
+CPU_CHUNK_ELEMENTS = 1 << 19
 
 
 def dequantized_numel(raw_bytes: int, qtype) -> int:
@@ -289,6 +329,7 @@ def dequantize(raw: torch.Tensor, qtype, shape: Sequence[int],
     if chunk_elements is None:
         chunk_elements = CPU_CHUNK_ELEMENTS if raw.device.type == "cpu" else 0
     step = max(1, chunk_elements // t.block_size) if chunk_elements else n_blocks
+    work = Work(min(step, n_blocks), raw.device)
     for s in range(0, n_blocks, step):
-        kernel(blocks[s:s + step], rows[s:s + step])
+        kernel(blocks[s:s + step], rows[s:s + step], work)
     return out
