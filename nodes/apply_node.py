@@ -9,12 +9,13 @@ naming the missing piece.
 import logging
 
 import comfy.patcher_extension as ext
-from comfy_api.latest import io, ui
+from comfy_api.latest import io
 
 from ..runtime.comfy import place_objects
 from ..runtime.comfy.workload import (AUTOFIT_KEY, FOLLOWS_LATENT, AutoFitSession,
                                       from_prompt, latent_ratios, placement_key)
-from .common import CATEGORY, Placement, PlacementType, node_inventory
+from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType, fallbacks,
+                     node_inventory, plan_ui)
 from .planning import make_plan
 
 log = logging.getLogger("comfyui-placement")
@@ -51,7 +52,9 @@ class ApplyPlacement(io.ComfyNode):
             node_id="PlacementApply",
             display_name="Apply Placement",
             category=CATEGORY,
-            description="Places the connected models where the Backend Assignment says: "
+            search_aliases=SEARCH_ALIASES + ["apply placement", "model device",
+                                             "layer split", "disk offload"],
+            description="Multi-GPU, CPU offload and low-VRAM placement: places the connected models where the Backend Assignment says: "
                         "each output is a copy that computes on its runtime device and rests "
                         "its weights on its params device; streamed, disk-resident and "
                         "split models run through the pack's engine for each sampling run "
@@ -91,7 +94,8 @@ class ApplyPlacement(io.ComfyNode):
                      "batch, steps, CFG) is planned again and the plan that ran is shown "
                      "here.")
         results = [placed.get(comp) for _, _, comp in SLOTS]
-        return io.NodeOutput(*results, plan.to_json(), ui=ui.PreviewText(text))
+        return io.NodeOutput(*results, plan.to_json(),
+                             ui=plan_ui(text, plan, fallbacks(plan)))
 
 
 def _latent_shape(latent):

@@ -3,11 +3,12 @@
 A bad spec is a node error when the prompt is queued (validate_inputs), before any
 model loads. The resolved plan for this machine is shown in the node.
 """
-from comfy_api.latest import io, ui
+from comfy_api.latest import io
 
 from ..placement.errors import PlacementError
 from ..placement.spec import LORA_MODES, OFFLOAD_MODES, PlacementSpec
-from .common import CATEGORY, Placement, PlacementType, node_inventory
+from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType, fallbacks,
+                     node_inventory, plan_ui)
 from .planning import make_plan
 
 MODULES = ("modules: diffusion (model, unet, dit), te (clip, t5, llm), vae, controlnet, "
@@ -76,9 +77,13 @@ class BackendAssignment(io.ComfyNode):
             node_id="PlacementBackendAssignment",
             display_name="Backend Assignment",
             category=CATEGORY,
-            description="Says where each module of the pipeline computes and where its "
-                        "weights rest, in stable-diffusion.cpp's --backend / "
-                        "--params-backend grammar. Connect to Apply Placement.",
+            search_aliases=SEARCH_ALIASES + ["backend", "params backend", "max vram",
+                                             "split mode", "stream layers", "auto fit"],
+            description="Says where each module of the pipeline computes (GPU, CPU, a "
+                        "multi-GPU split) and where its weights rest (VRAM, CPU offload, "
+                        "disk), in stable-diffusion.cpp's --backend / --params-backend "
+                        "grammar; low VRAM: stream blocks (block swap) or auto-fit. "
+                        "Connect to Apply Placement.",
             inputs=inputs,
             outputs=[PlacementType.Output("placement")],
             # an output node, so queueing a graph shows this machine's plan in the node
@@ -90,12 +95,7 @@ class BackendAssignment(io.ComfyNode):
     def validate_inputs(cls, backend="", params_backend="", max_vram="", split_mode="",
                         auto_fit=False, strict=False):
         # Only the inputs that can be wrong (ComfyUI repeats the message for each one).
-        try:
-            spec = build_spec(backend, params_backend, max_vram, split_mode, auto_fit=auto_fit)
-            make_plan(spec, node_inventory(), strict=strict)
-        except PlacementError as exc:
-            return f"placement error: {exc}"
-        return True
+        return check_spec(backend, params_backend, max_vram, split_mode, auto_fit, strict)
 
     @classmethod
     def execute(cls, backend, params_backend, max_vram, split_mode, stream_layers, auto_fit,
@@ -105,4 +105,32 @@ class BackendAssignment(io.ComfyNode):
                           auto_fit, offload_mode, offload_to_cpu, clip_on_cpu, vae_on_cpu,
                           control_net_cpu, lora_mode)
         plan = make_plan(spec, node_inventory(), strict=strict)
-        return io.NodeOutput(Placement(spec, bool(strict)), ui=ui.PreviewText(plan.report()))
+        return io.NodeOutput(Placement(spec, bool(strict)),
+                             ui=plan_ui(plan.report(), plan, fallbacks(plan)))
+
+
+def check_spec(backend="", params_backend="", max_vram="", split_mode="", auto_fit=False,
+               strict=False):
+    """True, or one line that names the input at fault: `backend: device 'cuda7' is
+    unknown; devices here: cuda0, cpu`."""
+    inventory = node_inventory()
+    fields = {"backend": backend, "params_backend": params_backend, "max_vram": max_vram,
+              "split_mode": split_mode}
+    try:
+        make_plan(build_spec(**fields, auto_fit=auto_fit), inventory, strict=strict)
+        return True
+    except PlacementError as exc:
+        whole = str(exc)
+    culprit = ""
+    for name, value in fields.items():       # the first input that fails on its own
+        if not value:
+            continue
+        try:
+            make_plan(build_spec(**{name: value}, auto_fit=auto_fit), inventory,
+                      strict=strict)
+        except PlacementError:
+            culprit = name
+            break
+    if "' not found" in whole and "unknown" not in whole:
+        whole = whole.replace("' not found", "' not found (unknown on this machine)", 1)
+    return f"placement error in {culprit}: {whole}" if culprit else f"placement error: {whole}"

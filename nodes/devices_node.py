@@ -1,7 +1,7 @@
 """Placement Devices: the inventory the other nodes plan for, shown in the node."""
 from comfy_api.latest import io, ui
 
-from .common import CATEGORY, node_inventory
+from .common import CATEGORY, SEARCH_ALIASES, node_inventory
 
 
 class PlacementDevices(io.ComfyNode):
@@ -11,8 +11,10 @@ class PlacementDevices(io.ComfyNode):
             node_id="PlacementDevices",
             display_name="Placement Devices",
             category=CATEGORY,
-            description="Lists the devices placement can use on this machine (name, kind, "
-                        "total and free memory), re-measured on every run. The names are "
+            search_aliases=SEARCH_ALIASES + ["list devices", "inventory"],
+            description="Lists the GPUs and CPU that placement, offload and multi-GPU "
+                        "splits can use on this machine (name, kind, total and free "
+                        "memory: VRAM for GPUs), re-measured on every run. The names are "
                         "the ones Backend Assignment accepts.",
             inputs=[],
             outputs=[io.String.Output("devices", tooltip="name<TAB>description, one per line")],

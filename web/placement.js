@@ -1,52 +1,354 @@
-// comfyui-placement: show the inventory / the resolved plan inside the node.
-// The nodes return it as ui.text (PreviewText); this puts it in a read-only,
-// monospace text box under the node's widgets, refreshed after every run.
+// comfyui-placement: the editor side.
+//
+// * The plan is DRAWN on the node's canvas from the node's UI output (the 'executed'
+//   message: ui.placement_plan = plan JSON v1, ui.text = the table). It is kept in a
+//   plain JS field, never in a widget, node.properties or widgets_values, so nothing
+//   shown is ever sent back as a node input: ComfyUI's cache holds between runs.
+// * Device pickers: "pick devices" (drawn button and context menu) opens a dialog with a
+//   dropdown per component, filled from GET /placement/devices. It writes the grammar
+//   string into the backend / params_backend inputs (typed grammar still works).
+// * Fallbacks (a device this machine lacks): the node gets an orange frame and a
+//   warning line, and one toast per run lists what fell back.
 import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
 
 const NODES = new Set(["PlacementDevices", "PlacementBackendAssignment", "PlacementApply"]);
-const WIDGET = "placement_plan";
+const PICKER_NODE = "PlacementBackendAssignment";
+const COMPONENTS = ["diffusion", "te", "vae", "controlnet", "clip_vision", "upscaler", "photomaker"];
+const PHASES = [["encode", ["te", "clip_vision", "photomaker"]],
+                ["sample", ["diffusion", "controlnet"]],
+                ["decode", ["vae", "upscaler"]]];
+const PLAN_HEIGHT = 150;
+const COLORS = { resident: "#4a8fe0", ring: "#9a6be0", work: "#e0a84a", free: "#2e3b2e",
+                 budget: "#ff5050", text: "#ddd", dim: "#999", warn: "#ffb020" };
 
-function planWidget(node) {
-  let widget = node.widgets?.find((w) => w.name === WIDGET);
-  if (widget) return widget;
-  const ComfyWidgets = window.comfyAPI?.widgets?.ComfyWidgets;
-  if (!ComfyWidgets) return null;
-  widget = ComfyWidgets.STRING(node, WIDGET, ["STRING", { multiline: true }], app).widget;
-  widget.serialize = false;            // shown only, never part of the workflow's inputs
-  const el = widget.inputEl;
-  if (el) {
-    el.readOnly = true;
-    el.style.fontFamily = "monospace";
-    el.style.fontSize = "11px";
-    el.style.whiteSpace = "pre";
-    el.style.opacity = "0.85";
-    el.placeholder = "run the workflow to see the plan";
-  }
-  return widget;
+// Fallbacks of this run, by node: one toast when the run ends. Apply Placement knows
+// which models are connected, so its lines win over Backend Assignment's.
+const runWarnings = new Map();
+api.addEventListener("execution_start", () => runWarnings.clear());
+function flushWarnings() {
+  if (!runWarnings.size) return;
+  const all = [...runWarnings.values()];
+  const applied = all.filter((w) => w.type === "PlacementApply" && w.lines.length);
+  const lines = [...new Set((applied.length ? applied : all).flatMap((w) => w.lines))];
+  runWarnings.clear();
+  if (lines.length) toast("warn", "Placement fell back", lines.join("\n"));
+}
+api.addEventListener("execution_success", flushWarnings);
+api.addEventListener("execution_error", flushWarnings);
+api.addEventListener("execution_interrupted", flushWarnings);
+
+function fmt(bytes) {
+  if (bytes == null) return "-";
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = Number(bytes), i = 0;
+  while (Math.abs(v) >= 1024 && i < u.length - 1) { v /= 1024; i++; }
+  return `${v >= 100 || i === 0 ? v.toFixed(0) : v.toFixed(1)} ${u[i]}`;
 }
 
-function show(node, text) {
-  const widget = planWidget(node);
-  if (!widget) return;
-  widget.value = Array.isArray(text) ? text.join("\n") : String(text ?? "");
-  if (widget.inputEl) widget.inputEl.value = widget.value;
+function state(node) {
+  if (!node.__placement) node.__placement = { plan: null, text: "", warnings: [] };
+  return node.__placement;
+}
+
+function toast(severity, summary, detail) {
+  const t = app.extensionManager?.toast;
+  if (t?.add) t.add({ severity, summary, detail, life: 8000 });
+  else console.warn(`${summary}: ${detail}`);
+}
+
+// ---- what is drawn: bars from the plan JSON only ------------------------------------
+function shownComponents(plan) {
+  const comps = plan?.components ?? {};
+  const present = Object.keys(comps).filter((c) => comps[c].present);
+  if (present.length) return present;
+  // no models connected (Backend Assignment): only what the spec named
+  return Object.keys(comps).filter((c) => (comps[c].reasons ?? []).some((r) => r.includes("(asked)")));
+}
+
+function share(cp, device) {
+  const n = (cp.runtime ?? []).length || 1;
+  return (cp.runtime ?? []).includes(device) ? 1 / n : 0;
+}
+
+export function phaseBars(plan) {
+  // one bar per device and phase: resident weights, streaming ring, working memory
+  const shown = new Set(shownComponents(plan));
+  const bars = [];
+  for (const dev of plan?.devices ?? []) {
+    for (const [phase, members] of PHASES) {
+      let resident = 0, ring = 0, work = 0; const who = [];
+      for (const c of members) {
+        const cp = plan.components?.[c];
+        if (!cp || !shown.has(c)) continue;
+        const s = share(cp, dev.name);
+        const restsHere = cp.params === dev.name;
+        if (!s && !restsHere) continue;
+        who.push(c);
+        resident += (cp.resident_bytes ?? 0) * (s || (restsHere ? 1 : 0));
+        if (cp.stream && s) {
+          const ring_b = cp.stream.ring_bytes ?? (cp.streamed_bytes ?? 0) * 0;
+          ring += ring_b;
+        }
+        work += (cp.working_bytes ?? cp.headroom_bytes ?? 0) * s;
+      }
+      if (who.length) bars.push({ device: dev, phase, resident, ring, work, who });
+    }
+  }
+  return bars;
+}
+
+function widgetsBottom(node) {
+  let y = (Math.max(node.inputs?.length ?? 0, node.outputs?.length ?? 0)) *
+          (globalThis.LiteGraph?.NODE_SLOT_HEIGHT ?? 20) + 6;
+  for (const w of node.widgets ?? []) {
+    const wy = w.y ?? w.last_y;
+    if (wy != null) y = Math.max(y, wy + (w.computedHeight ?? 20) + 4);
+  }
+  return y;
+}
+
+function wrap(ctx, text, width) {
+  const out = []; let line = "";
+  for (const word of String(text).split(/\s+/)) {
+    const next = line ? `${line} ${word}` : word;
+    if (ctx.measureText(next).width > width && line) { out.push(line); line = word; }
+    else line = next;
+  }
+  if (line) out.push(line);
+  return out;
+}
+
+function drawPlan(node, ctx) {
+  if (node.flags?.collapsed) return;
+  const st = state(node);
+  const x0 = 8, width = node.size[0] - 16;
+  let y = widgetsBottom(node) + 4;
+  ctx.save();
+  ctx.font = "11px sans-serif";
+  ctx.textBaseline = "top";
+  if (st.warnings.length) {
+    ctx.strokeStyle = COLORS.warn; ctx.lineWidth = 3;
+    ctx.strokeRect(-1, -(globalThis.LiteGraph?.NODE_TITLE_HEIGHT ?? 30), node.size[0] + 2,
+                   node.size[1] + (globalThis.LiteGraph?.NODE_TITLE_HEIGHT ?? 30) + 1);
+    ctx.fillStyle = COLORS.warn;
+    for (const w of st.warnings) for (const line of wrap(ctx, `⚠ fell back: ${w}`, width)) { ctx.fillText(line, x0, y); y += 13; }
+  }
+  const errors = app.extensionManager?.lastNodeErrors?.[String(node.id)]?.errors ?? [];
+  const shownErr = [...new Set(errors.map((e) => String(e.details ?? e.message).replace(/^\w+ - /, "")))];
+  if (shownErr.length) {
+    ctx.fillStyle = "#ff6060";
+    for (const msg of shownErr) {
+      for (const line of wrap(ctx, `✖ ${msg}`, width)) { ctx.fillText(line, x0, y); y += 13; }
+    }
+    y += 4;
+  }
+  if (node.comfyClass === PICKER_NODE) {
+    st.button = [x0, y, 110, 18];
+    ctx.fillStyle = "#335"; ctx.fillRect(x0, y, 110, 18);
+    ctx.fillStyle = COLORS.text; ctx.fillText("⚙ pick devices…", x0 + 8, y + 3);
+    y += 24;
+  }
+  const plan = st.plan;
+  if (!plan) {
+    ctx.fillStyle = COLORS.dim;
+    const lines = st.text ? st.text.split("\n")
+      : [node.comfyClass === "PlacementDevices" ? "run to list devices" : "run the workflow to see the plan"];
+    for (const l of lines) { ctx.fillText(l.replace(/\t/g, "  "), x0, y); y += 13; }
+    ctx.restore();
+    st.drawnBottom = y;
+    return;
+  }
+  // components: where each computes and rests
+  ctx.fillStyle = COLORS.text;
+  for (const c of shownComponents(plan)) {
+    const cp = plan.components[c];
+    const stream = cp.stream ? `, streamed (${cp.stream.resident_blocks} resident, ${cp.stream.prefetch_depth} ahead)` : "";
+    ctx.fillText(`${c}: runs on ${cp.runtime.join("&")}, rests on ${cp.params}${stream}`, x0, y);
+    y += 13;
+  }
+  const secs = plan.autofit?.predicted ?? plan.predicted;
+  if (secs?.step_s != null) { ctx.fillText(`predicted ${secs.step_s.toFixed(3)} s/step, ${(secs.generation_s ?? 0).toFixed(2)} s/generation`, x0, y); y += 13; }
+  y += 3;
+  // bars: one per device and phase
+  const labelW = 110;
+  const barW = Math.max(40, width - labelW);
+  for (const b of phaseBars(plan)) {
+    const cap = b.device.budget_bytes ?? b.device.total_bytes ?? 1;
+    const scale = barW / Math.max(b.device.total_bytes ?? cap, 1);
+    ctx.fillStyle = COLORS.text;
+    ctx.fillText(`${b.device.name} ${b.phase}`, x0, y + 1);
+    let x = x0 + labelW;
+    ctx.fillStyle = COLORS.free; ctx.fillRect(x, y, barW, 12);
+    for (const [k, v] of [["resident", b.resident], ["ring", b.ring], ["work", b.work]]) {
+      const w = Math.max(v > 0 ? 2 : 0, v * scale);
+      ctx.fillStyle = COLORS[k]; ctx.fillRect(x, y, w, 12); x += w;
+    }
+    if (b.device.budget_bytes != null) {
+      const bx = x0 + labelW + b.device.budget_bytes * scale;
+      ctx.fillStyle = COLORS.budget; ctx.fillRect(bx, y - 2, 2, 16);
+    }
+    ctx.fillStyle = COLORS.dim;
+    ctx.fillText(`${fmt(b.resident + b.ring + b.work)} / ${fmt(b.device.total_bytes)} (${b.who.join(", ")})`.slice(0, Math.floor(barW / 5.5)),
+                 x0 + labelW + 4, y + 14);
+    y += 30;
+  }
+  ctx.restore();
+  st.drawnBottom = y;
+}
+
+// ---- device picker ------------------------------------------------------------------
+let inventory = null;
+async function devices() {
+  if (!inventory) {
+    const r = await api.fetchApi("/placement/devices");
+    inventory = await r.json();
+  }
+  return inventory;
+}
+
+export function parseGrammar(text) {
+  // "te=cpu,diffusion=cuda0&cuda1" -> {"*": ..., te: "cpu", diffusion: "cuda0&cuda1"}
+  const out = {};
+  for (const part of String(text ?? "").split(",").map((s) => s.trim()).filter(Boolean)) {
+    const i = part.indexOf("=");
+    if (i < 0) out["*"] = part;
+    else out[part.slice(0, i).trim() || "*"] = part.slice(i + 1).trim();
+  }
+  return out;
+}
+
+export function writeGrammar(entries) {
+  // the entries in their order (what was typed keeps its place, new ones follow);
+  // "auto" entries are left out; the default is a bare value
+  const parts = [];
+  for (const [k, v] of Object.entries(entries)) {
+    if (!v || v === "auto") continue;
+    parts.push(k === "*" ? v : `${k}=${v}`);
+  }
+  return parts.join(",");
+}
+
+function setWidget(node, name, value) {
+  const w = node.widgets?.find((x) => x.name === name);
+  if (!w) return;
+  w.value = value;
+  w.callback?.(value, app.canvas, node);
   node.setDirtyCanvas?.(true, true);
 }
 
+async function openPicker(node) {
+  let inv;
+  try { inv = await devices(); } catch (e) { toast("error", "placement", `GET /placement/devices failed: ${e}`); return; }
+  document.getElementById("placement-picker")?.remove();
+  const dlg = document.createElement("div");
+  dlg.id = "placement-picker";
+  dlg.style.cssText = "position:fixed;left:50%;top:20%;transform:translateX(-50%);z-index:10000;" +
+    "background:#222;color:#ddd;border:1px solid #666;border-radius:6px;padding:12px;font:13px sans-serif;min-width:380px";
+  const current = { backend: parseGrammar(node.widgets?.find((w) => w.name === "backend")?.value),
+                    params_backend: parseGrammar(node.widgets?.find((w) => w.name === "params_backend")?.value) };
+  const head = document.createElement("div");
+  head.textContent = `Pick devices (${inv.source})`;
+  head.style.marginBottom = "8px";
+  dlg.appendChild(head);
+  const table = document.createElement("table");
+  const hdr = table.insertRow();
+  for (const h of ["component", "computes on (backend)", "rests on (params)"]) {
+    const th = document.createElement("th"); th.textContent = h; th.style.textAlign = "left"; hdr.appendChild(th);
+  }
+  const selects = [];
+  for (const comp of ["*", ...COMPONENTS]) {
+    const row = table.insertRow();
+    row.insertCell().textContent = comp === "*" ? "all (default)" : comp;
+    for (const [field, choices] of [["backend", inv.runtime], ["params_backend", inv.params]]) {
+      const sel = document.createElement("select");
+      sel.dataset.field = field; sel.dataset.component = comp;
+      sel.className = `placement-pick-${field}-${comp === "*" ? "all" : comp}`;
+      const value = current[field][comp] ?? "auto";
+      const opts = choices.includes(value) ? choices : [...choices, value];
+      for (const c of opts) {
+        const o = document.createElement("option"); o.value = c; o.textContent = c;
+        const d = inv.devices.find((x) => x.name === c);
+        if (d) o.textContent = `${c} (${d.kind}, ${fmt(d.free_bytes)} free)`;
+        sel.appendChild(o);
+      }
+      sel.value = value;
+      row.insertCell().appendChild(sel);
+      selects.push(sel);
+    }
+  }
+  dlg.appendChild(table);
+  const ok = document.createElement("button"); ok.textContent = "Apply"; ok.id = "placement-pick-apply";
+  const cancel = document.createElement("button"); cancel.textContent = "Cancel";
+  ok.onclick = () => {
+    for (const field of ["backend", "params_backend"]) {
+      const entries = { ...current[field] };
+      for (const s of selects.filter((s) => s.dataset.field === field)) entries[s.dataset.component] = s.value;
+      setWidget(node, field, writeGrammar(entries));
+    }
+    dlg.remove();
+  };
+  cancel.onclick = () => dlg.remove();
+  const bar = document.createElement("div"); bar.style.marginTop = "8px";
+  bar.append(ok, " ", cancel);
+  dlg.appendChild(bar);
+  document.body.appendChild(dlg);
+}
+
 app.registerExtension({
-  name: "comfyui-placement.planPreview",
+  name: "comfyui-placement.editor",
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!NODES.has(nodeData.name)) return;
     const onNodeCreated = nodeType.prototype.onNodeCreated;
     nodeType.prototype.onNodeCreated = function () {
       const r = onNodeCreated?.apply(this, arguments);
-      planWidget(this);
+      state(this);
+      this.setSize([Math.max(this.size[0], 380), this.size[1] + PLAN_HEIGHT]);
+      return r;
+    };
+    const onConfigure = nodeType.prototype.onConfigure;
+    nodeType.prototype.onConfigure = function (info) {
+      // workflows saved by earlier versions carry the old text box's value as an extra
+      // widget value; the widgets are the schema's again, so drop it quietly
+      const r = onConfigure?.apply(this, arguments);
+      this.widgets = (this.widgets ?? []).filter((w) => w.name !== "placement_plan");
       return r;
     };
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
-      if (message?.text) show(this, message.text);
+      const st = state(this);
+      st.text = Array.isArray(message?.text) ? message.text.join("\n") : String(message?.text ?? "");
+      try { st.plan = message?.placement_plan ? JSON.parse(message.placement_plan[0]) : null; }
+      catch { st.plan = null; }
+      st.warnings = message?.placement_warnings ?? [];
+      if (st.warnings.length) runWarnings.set(String(this.id), { type: this.comfyClass, lines: st.warnings });
+      if (st.drawnBottom && st.drawnBottom > this.size[1]) this.setSize([this.size[0], st.drawnBottom + 8]);
+      this.setDirtyCanvas?.(true, true);
     };
+    const onDrawForeground = nodeType.prototype.onDrawForeground;
+    nodeType.prototype.onDrawForeground = function (ctx) {
+      onDrawForeground?.apply(this, arguments);
+      drawPlan(this, ctx);
+    };
+    const onMouseDown = nodeType.prototype.onMouseDown;
+    nodeType.prototype.onMouseDown = function (e, pos) {
+      const b = state(this).button;
+      if (b && pos[0] >= b[0] && pos[0] <= b[0] + b[2] && pos[1] >= b[1] && pos[1] <= b[1] + b[3]) {
+        openPicker(this);
+        return true;
+      }
+      return onMouseDown?.apply(this, arguments);
+    };
+    if (nodeData.name === PICKER_NODE) {
+      const getExtraMenuOptions = nodeType.prototype.getExtraMenuOptions;
+      nodeType.prototype.getExtraMenuOptions = function (canvas, options) {
+        getExtraMenuOptions?.apply(this, arguments);
+        options.unshift({ content: "Pick devices…", callback: () => openPicker(this) });
+      };
+    }
   },
 });
+
+// for tests and power users: window.comfyPlacement.openPicker(node)
+window.comfyPlacement = { openPicker, parseGrammar, writeGrammar, phaseBars, state };
