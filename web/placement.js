@@ -136,6 +136,7 @@ function drawPlan(node, ctx) {
   }
   const errors = app.extensionManager?.lastNodeErrors?.[String(node.id)]?.errors ?? [];
   const shownErr = [...new Set(errors.map((e) => String(e.details ?? e.message).replace(/^\w+ - /, "")))];
+  st.errorsDrawn = shownErr;
   if (shownErr.length) {
     ctx.fillStyle = "#ff6060";
     for (const msg of shownErr) {

@@ -51,6 +51,14 @@ def load(page, prompt):
     page.wait_for_timeout(300)
 
 
+def focus(page, type_):
+    """Scroll the canvas so the node of this type is at the top left."""
+    page.evaluate("""(t) => { const a = window.__app, n = a.graph._nodes.find((n) => n.comfyClass === t);
+        const c = a.canvas; c.ds.scale = 1.0; c.ds.offset = [-n.pos[0] + 80, -n.pos[1] + 60];
+        c.setDirty(true, true); }""", type_)
+    page.wait_for_timeout(400)
+
+
 def graph_prompt(page):
     return page.evaluate("async () => (await window.__app.graphToPrompt())")
 
@@ -103,6 +111,7 @@ def test_the_cache_holds_and_nothing_shown_is_serialized(page, server):
     pack_and_loaders = {"1", "2", "3", "4", "5", "6", "7", "8", "10", "11"}
     assert second["executed"] == [], second["executed"]     # nothing ran again
     assert pack_and_loaders <= set(second["cached"]), second["cached"]
+    focus(page, "PlacementBackendAssignment")
     SHOTS.joinpath("03_second_run_cached.png").write_bytes(page.screenshot())
     (SHOTS / "second_run.json").write_text(json.dumps(
         {"first": {"executed": len(first["executed"]), "seconds": round(first["seconds"], 2)},
@@ -128,19 +137,18 @@ def test_search_finds_the_nodes(page):
     page.locator("button[aria-label^='Node Library']").first.click()
     box = page.locator("input[placeholder='Search...']").first
     box.wait_for(timeout=10000)
-    box.fill("vram")
-    page.wait_for_timeout(800)
-    SHOTS.joinpath("04_search_vram.png").write_bytes(page.screenshot())
-    body = page.inner_text("body")
-    assert "Apply Placement" in body or "Backend Assignment" in body, body[-2000:]
-    box.fill("block swap")
-    page.wait_for_timeout(800)
-    body = page.inner_text("body")
-    SHOTS.joinpath("05_search_block_swap.png").write_bytes(page.screenshot())
-    assert "Apply Placement" in body or "Backend Assignment" in body
-    box.fill("multi-gpu")
-    page.wait_for_timeout(800)
-    assert "Apply Placement" in page.inner_text("body")
+    for word, shot in (("vram", "04_search_vram.png"), ("block swap", "05_search_block_swap.png"),
+                       ("multi-gpu", None), ("offload", None)):
+        box.fill(word)
+        page.wait_for_timeout(800)
+        listed = page.evaluate("""() => { const i = document.querySelector("input[placeholder='Search...']");
+            const panel = i.closest('[class*="sidebar"]');
+            const hit = [...panel.querySelectorAll('*')].find((e) => e.children.length === 0 &&
+                e.textContent.trim() === 'Apply Placement');
+            hit?.scrollIntoView(); return panel.innerText; }""")
+        if shot:
+            SHOTS.joinpath(shot).write_bytes(page.screenshot())
+        assert "Apply Placement" in listed and "Backend Assignment" in listed, (word, listed[-800:])
 
 
 def test_device_picker_writes_the_grammar(page, server):
@@ -153,6 +161,7 @@ def test_device_picker_writes_the_grammar(page, server):
     nid = node_of(page, "PlacementBackendAssignment")
     page.evaluate("(id) => window.comfyPlacement.openPicker(window.__app.graph.getNodeById(id))", nid)
     page.wait_for_selector("#placement-picker")
+    focus(page, "PlacementBackendAssignment")
     page.select_option(".placement-pick-backend-diffusion", "cuda0&cuda1")
     page.select_option(".placement-pick-params_backend-vae", "disk")
     SHOTS.joinpath("06_device_picker.png").write_bytes(page.screenshot())
@@ -173,6 +182,8 @@ def test_bad_spec_is_one_clear_error(page, server):
     load(page, api_prompt(backend="te=cpu,diffusion=cuda7", strict=True))
     page.evaluate("() => window.__app.queuePrompt(0, 1).catch(() => null)")
     page.wait_for_timeout(2500)
+    focus(page, "PlacementBackendAssignment")
+    page.wait_for_timeout(300)
     SHOTS.joinpath("07_bad_spec.png").write_bytes(page.screenshot())
     errors = page.evaluate("""() => { const e = window.__app.lastNodeErrors ??
         window.comfyAPI?.app?.app?.lastNodeErrors; return e; }""")
@@ -182,9 +193,9 @@ def test_bad_spec_is_one_clear_error(page, server):
     assert "cuda7" in details and "unknown" in details and "cuda0, cuda1, cpu" in details
     assert "backend" in details
     # the editor shows the message itself in the node, once (drawn from its node errors)
-    shown = page.evaluate("""(id) => { const e = window.__app.extensionManager.lastNodeErrors;
-        return e?.[String(id)]?.errors?.length ?? 0; }""", node_of(page, "PlacementBackendAssignment"))
-    assert shown >= 1
+    drawn = page.evaluate("""(id) => window.comfyPlacement.state(
+        window.__app.graph.getNodeById(id)).errorsDrawn""", node_of(page, "PlacementBackendAssignment"))
+    assert len(drawn) == 1 and "cuda7" in drawn[0] and "unknown" in drawn[0], drawn
 
 
 def urllib_post(url, prompt):
@@ -200,6 +211,7 @@ def test_fallback_is_one_toast_and_a_marked_node(page):
     run = queue(page)
     assert run["ok"]
     page.wait_for_timeout(800)
+    focus(page, "PlacementApply")
     SHOTS.joinpath("08_fallback_toast.png").write_bytes(page.screenshot())
     toasts = page.locator(".p-toast-message").all_inner_texts()
     fell = [t for t in toasts if "fell back" in t]
