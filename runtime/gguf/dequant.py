@@ -109,7 +109,19 @@ def _codes_times(codes: torch.Tensor, scale: torch.Tensor, o: torch.Tensor, w: W
                  minus: Optional[torch.Tensor] = None, plus: Optional[torch.Tensor] = None,
                  view: Optional[Tuple[int, ...]] = None) -> None:
     """o = float(codes) * scale [- minus | + plus], fp32 ops in the reference's order,
-    cast once into o. `view` shapes the accumulator like the codes."""
+    cast once into o. `view` shapes the accumulator like the codes.
+
+    On the CPU the fp32 steps run in the chunk's reused accumulator (a mixed-dtype op
+    there copies its inputs to the common dtype first); a GPU casts inside the kernel,
+    so there the last op writes the output directly: fewer kernels, less traffic."""
+    if o.device.type != "cpu":
+        out = o.view(view) if view else o
+        c = minus if minus is not None else plus
+        if c is None:
+            torch.mul(codes, scale, out=out)
+        else:
+            (torch.sub if minus is not None else torch.add)(torch.mul(codes, scale), c, out=out)
+        return
     acc = w.acc(o)
     a = acc.view(view) if view else acc
     a.copy_(codes)                          # integer codes -> fp32, exact
@@ -269,8 +281,9 @@ KERNELS: Dict[str, Kernel] = {
 }
 _PLAIN = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
-# CPU: elements per chunk (one chunk's scratch stays in cache and is reused)
-CPU_CHUNK_ELEMENTS = 1 << 19
+# CPU: elements per chunk and thread (one chunk's scratch stays in the cores' caches and
+# is reused; more threads take bigger chunks so each op's fork/join is amortised)
+CPU_CHUNK_ELEMENTS_PER_THREAD = 1 << 18
 
 
 def dequantized_numel(raw_bytes: int, qtype) -> int:
@@ -327,7 +340,8 @@ def dequantize(raw: torch.Tensor, qtype, shape: Sequence[int],
     blocks = raw.view(n_blocks, t.type_size)
     rows = flat.view(n_blocks, t.block_size)
     if chunk_elements is None:
-        chunk_elements = CPU_CHUNK_ELEMENTS if raw.device.type == "cpu" else 0
+        chunk_elements = (CPU_CHUNK_ELEMENTS_PER_THREAD * max(1, torch.get_num_threads())
+                          if raw.device.type == "cpu" else 0)
     step = max(1, chunk_elements // t.block_size) if chunk_elements else n_blocks
     work = Work(min(step, n_blocks), raw.device)
     for s in range(0, n_blocks, step):
