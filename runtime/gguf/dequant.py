@@ -344,6 +344,9 @@ def dequantize(raw: torch.Tensor, qtype, shape: Sequence[int],
                           if raw.device.type == "cpu" else 0)
     step = max(1, chunk_elements // t.block_size) if chunk_elements else n_blocks
     work = Work(min(step, n_blocks), raw.device)
+    if step >= n_blocks:
+        kernel(blocks, rows, work)
+        return out
     for s in range(0, n_blocks, step):
         kernel(blocks[s:s + step], rows[s:s + step], work)
     return out
