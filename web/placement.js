@@ -72,9 +72,32 @@ function share(cp, device) {
 }
 
 export function phaseBars(plan) {
-  // one bar per device and phase: resident weights, streaming ring, working memory
+  // one bar per device and phase: resident weights, streaming ring, working memory.
+  // An auto-fit plan carries the planner's own figures per device and phase
+  // (device_table[].phases): those are drawn as they are, so drawing and table agree.
   const shown = new Set(shownComponents(plan));
   const bars = [];
+  if (Array.isArray(plan?.device_table)) {
+    const fitc = plan.fit?.components ?? {};
+    for (const row of plan.device_table) {
+      const dev = (plan.devices ?? []).find((d) => d.name === row.name) ?? row;
+      for (const [phase, members] of PHASES) {
+        const used = row.phases?.[phase] ?? 0;
+        const who = members.filter((c) => shown.has(c) &&
+          ((plan.components[c].runtime ?? []).includes(row.name) || plan.components[c].params === row.name));
+        if (!used && !who.length) continue;
+        let work = 0, ring = 0;
+        for (const c of who) {
+          const f = fitc[c] ?? {};
+          if ((plan.components[c].runtime ?? []).includes(row.name)) work += f.headroom_bytes ?? 0;
+          if (plan.components[c].stream) ring += Math.max(0, (f.held_bytes?.[row.name] ?? 0) - (plan.components[c].resident_bytes ?? 0) - (f.headroom_bytes ?? 0));
+        }
+        work = Math.min(work, used); ring = Math.min(ring, used - work);
+        bars.push({ device: dev, phase, resident: used - work - ring, ring, work, who });
+      }
+    }
+    return bars;
+  }
   for (const dev of plan?.devices ?? []) {
     for (const [phase, members] of PHASES) {
       let resident = 0, ring = 0, work = 0; const who = [];
@@ -168,11 +191,18 @@ function drawPlan(node, ctx) {
     ctx.fillText(`${c}: runs on ${cp.runtime.join("&")}, rests on ${cp.params}${stream}`, x0, y);
     y += 13;
   }
-  const secs = plan.autofit?.predicted ?? plan.predicted;
+  const secs = plan.fit?.predicted;
   if (secs?.step_s != null) { ctx.fillText(`predicted ${secs.step_s.toFixed(3)} s/step, ${(secs.generation_s ?? 0).toFixed(2)} s/generation`, x0, y); y += 13; }
+  if (plan.workload) { ctx.fillStyle = COLORS.dim; ctx.fillText(`planned for ${plan.workload.resolution?.join?.("x") ?? ""} x${plan.workload.batch ?? 1}, ${plan.workload.steps ?? "?"} steps`, x0, y); y += 13; ctx.fillStyle = COLORS.text; }
   y += 3;
   // bars: one per device and phase
   const labelW = 110;
+  let lx = x0;
+  for (const [k, label] of [["resident", "resident"], ["ring", "stream ring"], ["work", "working"], ["free", "free"], ["budget", "budget"]]) {
+    ctx.fillStyle = COLORS[k]; ctx.fillRect(lx, y + 2, 8, 8); ctx.fillStyle = COLORS.dim;
+    ctx.fillText(label, lx + 11, y); lx += ctx.measureText(label).width + 22;
+  }
+  y += 15;
   const barW = Math.max(40, width - labelW);
   for (const b of phaseBars(plan)) {
     const cap = b.device.budget_bytes ?? b.device.total_bytes ?? 1;
@@ -196,6 +226,10 @@ function drawPlan(node, ctx) {
   }
   ctx.restore();
   st.drawnBottom = y;
+  if (y + 8 > node.size[1] && !st.growing) {       // grow once to show the whole plan
+    st.growing = true;
+    requestAnimationFrame(() => { node.setSize([node.size[0], y + 8]); st.growing = false; node.setDirtyCanvas?.(true, true); });
+  }
 }
 
 // ---- device picker ------------------------------------------------------------------

@@ -36,4 +36,15 @@ safetensors.torch.save_file({k: v.contiguous() for k, v in flux.state_dict().ite
                             os.path.join(out["diffusion_models"], "tiny_flux.safetensors"))
 safetensors.torch.save_file({k: v.contiguous() for k, v in taesd.state_dict().items()},
                             os.path.join(out["vae"], "tiny_taesd.safetensors"))
+# a random LoRA on every block Linear (ComfyUI's generic key format)
+lora_dir = os.path.join(base, "models", "loras")
+os.makedirs(lora_dir, exist_ok=True)
+lora, rank = {}, 4
+for name, mod in flux.named_modules():
+    if isinstance(mod, torch.nn.Linear) and "blocks." in name:
+        key = f"diffusion_model.{name}"
+        lora[f"{key}.lora_down.weight"] = torch.randn(rank, mod.in_features) * 0.1
+        lora[f"{key}.lora_up.weight"] = torch.randn(mod.out_features, rank) * 0.1
+        lora[f"{key}.alpha"] = torch.tensor(float(rank))
+safetensors.torch.save_file(lora, os.path.join(lora_dir, "tiny_flux_lora.safetensors"))
 print("models written")

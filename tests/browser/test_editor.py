@@ -221,3 +221,24 @@ def test_fallback_is_one_toast_and_a_marked_node(page):
         .map((n) => [n.comfyClass, n.__placement.warnings])""")
     marked = [c for c, w in warnings if w]
     assert "PlacementApply" in marked, warnings
+
+
+def test_auto_fit_plan_is_drawn_per_device_and_phase(page):
+    load(page, api_prompt(backend="", auto_fit=True, max_vram="cuda0=0.004,cuda1=0.004"))
+    focus(page, "PlacementApply")
+    SHOTS.joinpath("09_autofit_before_run.png").write_bytes(page.screenshot())
+    run = queue(page)
+    assert run["ok"], run["events"][-3:]
+    page.wait_for_timeout(600)
+    focus(page, "PlacementApply")
+    SHOTS.joinpath("10_autofit_after_run.png").write_bytes(page.screenshot())
+    got = page.evaluate("""() => { const n = window.__app.graph._nodes.find(
+        (n) => n.comfyClass === 'PlacementApply'); const st = window.comfyPlacement.state(n);
+        return {plan: st.plan, bars: window.comfyPlacement.phaseBars(st.plan)}; }""")
+    table = {r["name"]: r for r in got["plan"]["device_table"]}
+    assert got["bars"], got["plan"]["components"]
+    for bar in got["bars"]:     # the drawing's figures are the plan's own
+        used = bar["resident"] + bar["ring"] + bar["work"]
+        assert used == table[bar["device"]["name"]]["phases"][bar["phase"]]
+    assert {b["phase"] for b in got["bars"]} >= {"sample", "decode"}
+    assert got["plan"]["fit"]["predicted"]["step_s"] > 0

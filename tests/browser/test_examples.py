@@ -1,0 +1,64 @@
+"""example_workflows/: each loads in the editor, becomes an API prompt there, and that
+prompt (on the tiny models, tests/browser/examples.py's to_tiny) is accepted and run by
+the real server. PLACEMENT_WRITE_EXAMPLES=1 (re)writes the files from the editor."""
+import json
+import os
+import sys
+import time
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from browser_support import SHOTS, get_json  # noqa: E402
+from examples import EXAMPLES, api_prompt, to_tiny  # noqa: E402
+
+FOLDER = Path(__file__).resolve().parents[2] / "example_workflows"
+
+
+def write_examples(page):
+    FOLDER.mkdir(exist_ok=True)
+    for name, (title, _, _) in EXAMPLES.items():
+        page.evaluate("(p) => window.__app.loadApiJson(p, 'example.json')", api_prompt(name))
+        page.wait_for_timeout(500)
+        graph = page.evaluate("""(title) => { const g = window.__app.graph.serialize();
+            g.extra = {...(g.extra ?? {}), title}; return g; }""", title)
+        (FOLDER / f"{name}.json").write_text(json.dumps(graph, indent=1) + "\n")
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_loads_converts_validates_and_runs(page, server, name):
+    if os.environ.get("PLACEMENT_WRITE_EXAMPLES") == "1" and name == sorted(EXAMPLES)[0]:
+        write_examples(page)
+    path = FOLDER / f"{name}.json"
+    assert path.is_file(), f"missing {path}"
+    workflow = json.loads(path.read_text())
+    page.evaluate("(w) => window.__app.loadGraphData(w, true, true, 'example')", workflow)
+    page.wait_for_timeout(600)
+    prompt = page.evaluate("async () => (await window.__app.graphToPrompt()).output")
+    kinds = {n["class_type"] for n in prompt.values()}
+    assert {"PlacementBackendAssignment", "PlacementApply", "KSampler"} <= kinds
+    # what the workflow asks of placement arrives unchanged
+    assign = next(n for n in prompt.values() if n["class_type"] == "PlacementBackendAssignment")
+    for key, value in EXAMPLES[name][1].items():
+        assert assign["inputs"][key] == value, (key, assign["inputs"])
+    if name == "layer_split_two_gpus":
+        page.evaluate("""() => { const a = window.__app, c = a.canvas;
+            const n = a.graph._nodes.find((n) => n.comfyClass === 'PlacementApply');
+            c.ds.scale = 0.9; c.ds.offset = [-n.pos[0] + 380, -n.pos[1] + 80]; c.setDirty(true, true); }""")
+        page.wait_for_timeout(300)
+        SHOTS.joinpath("11_example_layer_split.png").write_bytes(page.screenshot())
+    try:
+        r = get_json(server["url"] + "/prompt", {"prompt": to_tiny(prompt), "client_id": "ex"})
+    except urllib.error.HTTPError as exc:
+        pytest.fail(f"{name}: the server rejected it: {exc.read().decode()[:2000]}")
+    assert not r.get("node_errors"), r
+    pid = r["prompt_id"]
+    for _ in range(600):
+        hist = get_json(server["url"] + f"/history/{pid}")
+        if pid in hist and hist[pid].get("status", {}).get("completed") is not None:
+            break
+        time.sleep(0.2)
+    status = hist[pid]["status"]
+    assert status["status_str"] == "success", status["messages"][-2:]
