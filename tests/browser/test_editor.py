@@ -242,3 +242,27 @@ def test_auto_fit_plan_is_drawn_per_device_and_phase(page):
         assert used == table[bar["device"]["name"]]["phases"][bar["phase"]]
     assert {b["phase"] for b in got["bars"]} >= {"sample", "decode"}
     assert got["plan"]["fit"]["predicted"]["step_s"] > 0
+
+
+def test_old_workflows_still_load(page):
+    """A workflow saved with the old plan text box: its value trails the schema's widget
+    values (Backend Assignment) or is the only one (Apply Placement)."""
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "example_workflows" / "layer_split_two_gpus.json"
+    workflow = json.loads(path.read_text())
+    old_text = "placement plan (schema v1)\n\ncomponent  runtime ..."
+    for node in workflow["nodes"]:
+        if node["type"] == "PlacementBackendAssignment":
+            node["widgets_values"] = list(node["widgets_values"]) + [old_text]
+        if node["type"] == "PlacementApply":
+            node["widgets_values"] = [old_text]
+    page.evaluate("(w) => window.__app.loadGraphData(w, true, true, 'old')", workflow)
+    page.wait_for_timeout(600)
+    sent = page.evaluate("async () => (await window.__app.graphToPrompt())")
+    text = json.dumps(sent)
+    assert "schema v1" not in text
+    assign = next(n for n in sent["output"].values()
+                  if n["class_type"] == "PlacementBackendAssignment")
+    assert assign["inputs"]["backend"] == "te=cpu,diffusion=cuda0&cuda1"
+    assert assign["inputs"]["split_mode"] == "layer"
+    assert set(assign["inputs"]) <= set(BASE_INPUTS)
