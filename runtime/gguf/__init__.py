@@ -4,10 +4,13 @@
   (types in `SUPPORTED`; any other is refused by name with a PlacementError).
 - `GGUFTensors(path)`: a file's tensor table (name, type, shape, byte range) and reads of
   one tensor's bytes into a caller's uint8 buffer (the `gguf` package parses the table).
+- `QuantizedBlock`: a streamed block's quantized tensors, dequantized from its slot into a
+  compute-dtype scratch right after arrival (the ring's on_arrive seam; docs/gguf.md).
 """
+from .arrive import QuantizedBlock
 from .dequant import dequantize, quantized_nbytes
 from .reader import GGUFTensor, GGUFTensors, list_tensors
 from .types import SUPPORTED, GGMLType, ggml_type, supported
 
 __all__ = ["dequantize", "quantized_nbytes", "SUPPORTED", "GGMLType", "ggml_type",
-           "supported", "GGUFTensor", "GGUFTensors", "list_tensors"]
+           "supported", "GGUFTensor", "GGUFTensors", "list_tensors", "QuantizedBlock"]

@@ -399,3 +399,39 @@ def test_reader_refusals(tiny_gguf, tmp_path):
         t = GGUFTensors(short)
         last = list(t)[-1]
         t.read(last.name)
+
+
+# -- a block's quantized tensors, dequantized from its slot on arrival -------------------
+def test_block_dequantizes_from_its_slot_into_bound_parameters(tiny_gguf):
+    from comfyui_placement.runtime.gguf import GGUFTensors, QuantizedBlock
+    path, entries = tiny_gguf
+    table = GGUFTensors(path)
+    quant = [t for t in table if t.type not in PLAIN]
+    slot = torch.full((sum(t.nbytes for t in quant) + 64,), 0x55, dtype=torch.uint8)
+    specs, at = [], 5
+    for t in quant:                                      # packed as a block's slot would be
+        specs.append((at, t.type, t.shape))
+        at += t.nbytes
+    block = QuantizedBlock(specs, torch.bfloat16)
+    assert block.slot_bytes == at
+    assert block.scratch_bytes >= sum(2 * int(np.prod(t.shape)) for t in quant)
+    scratch = torch.zeros(block.scratch_bytes, dtype=torch.uint8)
+    weights = block.views(scratch)
+    params = [torch.nn.Parameter(torch.zeros(t.shape, dtype=torch.bfloat16),
+                                 requires_grad=False) for t in quant]
+    for p, v in zip(params, weights):                    # bound once, as the ring binds
+        p.data = v
+    block.dequantize(slot, weights)                      # stale bytes first: all 0x55
+    for (off, tname, shape), t in zip(specs, quant):     # the block arrives
+        table.read_into(t.name, slot, off)
+    block.dequantize(slot, weights)
+    for p, t in zip(params, quant):
+        tname, arr = entries[t.name]
+        assert p.shape == t.shape and p.dtype == torch.bfloat16
+        assert_rounded(p.detach().reshape(-1), reference(arr, tname).reshape(-1))
+    with pytest.raises(PlacementError, match="slot holds"):
+        block.dequantize(slot[:10], weights)
+    with pytest.raises(PlacementError, match="scratch"):
+        block.views(torch.zeros(8, dtype=torch.uint8))
+    with pytest.raises(PlacementError, match="IQ2_XXS"):
+        QuantizedBlock([(0, "IQ2_XXS", (1, 256))], torch.bfloat16)
