@@ -14,7 +14,7 @@ class PlacementDevices(io.ComfyNode):
             search_aliases=SEARCH_ALIASES + ["list devices", "inventory"],
             description="Lists the GPUs and CPU that placement, offload and multi-GPU "
                         "splits can use on this machine (name, kind, total and free "
-                        "memory: VRAM for GPUs), re-measured on every run. The names are "
+                        "memory: VRAM for GPUs), measured when the hardware changes. The names are "
                         "the ones Backend Assignment accepts.",
             inputs=[],
             outputs=[io.String.Output("devices", tooltip="name<TAB>description, one per line")],
@@ -23,7 +23,12 @@ class PlacementDevices(io.ComfyNode):
 
     @classmethod
     def fingerprint_inputs(cls):
-        return float("nan")    # never cached: free memory changes between runs
+        # Cached while the hardware is the same (names, kinds, sizes): an unchanged
+        # workflow queued again executes nothing. Free memory, live, is what the device
+        # picker reads (GET /placement/devices).
+        inventory = node_inventory()
+        return inventory.source + "|" + ",".join(
+            f"{d.name}:{d.kind}:{d.total_bytes}" for d in inventory.devices)
 
     @classmethod
     def execute(cls) -> io.NodeOutput:

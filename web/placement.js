@@ -115,7 +115,7 @@ export function phaseBars(plan) {
         }
         work += (cp.working_bytes ?? cp.headroom_bytes ?? 0) * s;
       }
-      if (who.length) bars.push({ device: dev, phase, resident, ring, work, who });
+      if (who.length && resident + ring + work > 0) bars.push({ device: dev, phase, resident, ring, work, who });
     }
   }
   return bars;
@@ -146,6 +146,14 @@ function drawPlan(node, ctx) {
   if (node.flags?.collapsed) return;
   const st = state(node);
   const x0 = 8, width = node.size[0] - 16;
+  // Apply Placement's sampling-time note (auto-fit's "plan that ran", sent as ComfyUI's
+  // progress text): drawn here with the plan instead of a text box over the node
+  const pt = node.widgets?.find((w) => w.type === "progressText");
+  if (pt && NODES.has(node.comfyClass)) {
+    st.ranText = String(pt.value ?? "");
+    pt.onRemove?.();
+    node.widgets.splice(node.widgets.indexOf(pt), 1);
+  }
   let y = widgetsBottom(node) + 4;
   ctx.save();
   ctx.font = "11px sans-serif";
@@ -192,9 +200,18 @@ function drawPlan(node, ctx) {
     y += 13;
   }
   const secs = plan.fit?.predicted;
-  if (secs?.step_s != null) { ctx.fillText(`predicted ${secs.step_s.toFixed(3)} s/step, ${(secs.generation_s ?? 0).toFixed(2)} s/generation`, x0, y); y += 13; }
+  const sec = (v) => (v >= 1 ? `${v.toFixed(2)} s` : `${(v * 1000).toPrecision(3)} ms`);
+  if (secs?.step_s != null) { ctx.fillText(`predicted ${sec(secs.step_s)} per step, ${sec(secs.generation_s ?? 0)} per generation`, x0, y); y += 13; }
   if (plan.workload) { ctx.fillStyle = COLORS.dim; ctx.fillText(`planned for ${plan.workload.resolution?.join?.("x") ?? ""} x${plan.workload.batch ?? 1}, ${plan.workload.steps ?? "?"} steps`, x0, y); y += 13; ctx.fillStyle = COLORS.text; }
   y += 3;
+  if (st.ranText) {
+    const paras = st.ranText.split("\n\n");
+    ctx.fillStyle = COLORS.dim;
+    for (const part of [paras[0].split("\n")[0], paras.length > 1 ? paras[paras.length - 1] : ""]) {
+      for (const line of wrap(ctx, part, width)) { ctx.fillText(line, x0, y); y += 13; }
+    }
+    ctx.fillStyle = COLORS.text;
+  }
   // bars: one per device and phase
   const labelW = 110;
   let lx = x0;
@@ -220,7 +237,7 @@ function drawPlan(node, ctx) {
       ctx.fillStyle = COLORS.budget; ctx.fillRect(bx, y - 2, 2, 16);
     }
     ctx.fillStyle = COLORS.dim;
-    ctx.fillText(`${fmt(b.resident + b.ring + b.work)} / ${fmt(b.device.total_bytes)} (${b.who.join(", ")})`.slice(0, Math.floor(barW / 5.5)),
+    ctx.fillText(`${fmt(b.resident + b.ring + b.work)} / ${fmt(b.device.total_bytes)}${b.who.length ? ` (${b.who.join(", ")})` : ""}`.slice(0, Math.floor(barW / 5.5)),
                  x0 + labelW + 4, y + 14);
     y += 30;
   }
@@ -353,6 +370,7 @@ app.registerExtension({
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
       const st = state(this);
+      st.ranText = "";
       st.text = Array.isArray(message?.text) ? message.text.join("\n") : String(message?.text ?? "");
       try { st.plan = message?.placement_plan ? JSON.parse(message.placement_plan[0]) : null; }
       catch { st.plan = null; }

@@ -35,6 +35,7 @@ def api_prompt(backend="vae=cpu,diffusion=cuda0", strict=False, **extra):
             "negative": ["4", 0], "latent_image": ["5", 0], "denoise": 1.0}},
         "7": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["11", 2]}},
         "8": {"class_type": "PreviewImage", "inputs": {"images": ["7", 0]}},
+        "9": {"class_type": "PlacementDevices", "inputs": {}},
     }
 
 
@@ -108,7 +109,7 @@ def test_the_cache_holds_and_nothing_shown_is_serialized(page, server):
     assert sent["output"]["10"]["inputs"].keys() <= set(BASE_INPUTS)
     second = queue(page)
     assert second["ok"]
-    pack_and_loaders = {"1", "2", "3", "4", "5", "6", "7", "8", "10", "11"}
+    pack_and_loaders = {"1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11"}
     assert second["executed"] == [], second["executed"]     # nothing ran again
     assert pack_and_loaders <= set(second["cached"]), second["cached"]
     focus(page, "PlacementBackendAssignment")
