@@ -19,7 +19,7 @@ const PHASES = [["encode", ["te", "clip_vision", "photomaker"]],
                 ["sample", ["diffusion", "controlnet"]],
                 ["decode", ["vae", "upscaler"]]];
 const PLAN_HEIGHT = 150;
-const COLORS = { resident: "#4a8fe0", ring: "#9a6be0", work: "#e0a84a", free: "#2e3b2e",
+const COLORS = { resident: "#4a8fe0", ring: "#9a6be0", work: "#e0a84a", free: "#3d5c3d",
                  budget: "#ff5050", text: "#ddd", dim: "#999", warn: "#ffb020" };
 
 // Fallbacks of this run, by node: one toast when the run ends. Apply Placement knows
