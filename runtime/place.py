@@ -25,6 +25,7 @@ from .residency import (DiskLayout, Group, PinnedPool, default_pinned_cap, open_
 from .hoststore import group_key
 from .simdevice import Link
 from .stream import Source, Streamer
+from .faults import teardown_after
 from .target import open_target
 from .tensors import key_mapper, make_group, module_tensors, seen_bytes, to_device
 
@@ -130,13 +131,13 @@ class Placed:
             self._prepare()
             self._load()
             self._attach()
-        except BaseException:
-            self._teardown()
+        except BaseException as exc:
+            teardown_after(self._teardown, exc)
             raise
         return self
 
-    def __exit__(self, *exc) -> bool:
-        self._teardown()
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        teardown_after(self._teardown, exc)
         return False
 
     def _prepare(self) -> None:
@@ -318,17 +319,19 @@ class Placed:
         """Give the device memory back; tensors point at their resting copies."""
         if not self.loaded:
             return
-        if self.streamer is not None:
-            self.streamer.free()
-        self.target.free(self.in_place_bytes, "resident")
-        for g, _ in self.resident_bufs:
-            self.target.free(g.nbytes, "resident")
-        self.resident_bufs = []
-        for t, _ in self.originals.values():
-            rebind(t, self.rest[id(t)])
-        if self.target.is_cuda:
-            torch.cuda.synchronize(self.target.device)
-        self.loaded = False
+        try:
+            if self.streamer is not None:
+                self.streamer.free()      # a failed copy surfaces here, after its frees
+        finally:
+            self.target.free(self.in_place_bytes, "resident")
+            for g, _ in self.resident_bufs:
+                self.target.free(g.nbytes, "resident")
+            self.resident_bufs = []
+            for t, _ in self.originals.values():
+                rebind(t, self.rest[id(t)])
+            if self.target.is_cuda:
+                torch.cuda.synchronize(self.target.device)
+            self.loaded = False
 
     # -- runtime LoRA ---------------------------------------------------------------------
     def set_lora(self, patches) -> None:

@@ -93,6 +93,18 @@ class WeightFile:
         self.unsupported: Dict[str, str] = {}        # key -> why it cannot be read raw
         self.quantized: Dict[str, str] = {}          # key -> quant type (raw bytes entry)
         self._fd = os.open(path, os.O_RDONLY)
+        st = os.fstat(self._fd)
+        self._identity = (st.st_size, st.st_mtime_ns)   # a file changed under us is refused
+
+    def check_unchanged(self) -> None:
+        st = os.fstat(self._fd)
+        if st.st_size < self._identity[0]:
+            raise PlacementError(f"{self.path}: the file is truncated while streaming "
+                                 f"({st.st_size} bytes, {self._identity[0]} when opened)")
+        if (st.st_size, st.st_mtime_ns) != self._identity:
+            raise PlacementError(f"{self.path}: the file changed while streaming (size or "
+                                 f"modification time differs from when it was opened); "
+                                 f"rerun once it is written")
 
     def lookup(self, key: str) -> Optional[FileEntry]:
         if key in self.unsupported:
@@ -110,6 +122,7 @@ class WeightFile:
 
     def read_runs(self, runs: Sequence[Tuple[int, int, int]], buf: torch.Tensor) -> None:
         """runs: (file offset, buffer offset, nbytes)."""
+        self.check_unchanged()
         arr = buf.numpy()
         for file_off, buf_off, n in runs:
             view = memoryview(arr[buf_off:buf_off + n])
@@ -130,6 +143,13 @@ class WeightFile:
 class SafetensorsFile(WeightFile):
     def __init__(self, path: str):
         super().__init__(path)
+        try:
+            self._parse(path)
+        except BaseException:
+            self.close()                  # a bad header must not leak the descriptor
+            raise
+
+    def _parse(self, path: str) -> None:
         with open(path, "rb") as fh:
             head = fh.read(8)
             if len(head) != 8:
@@ -158,6 +178,13 @@ class GGUFFile(WeightFile):
 
     def __init__(self, path: str):
         super().__init__(path)
+        try:
+            self._parse(path)
+        except BaseException:
+            self.close()                  # a bad header must not leak the descriptor
+            raise
+
+    def _parse(self, path: str) -> None:
         try:
             import gguf
         except ImportError:

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from .transfer import CopyWorker, Ticket, Transfer, raise_if_failed
+from .transfer import CopyWorker, Ticket, Transfer, drain_workers, raise_if_failed
 
 
 @dataclass(frozen=True)
@@ -101,13 +101,15 @@ class SimTransfer(Transfer):
 
     def wait(self, ticket: Ticket) -> None:
         ticket.done.wait()
-        raise_if_failed(ticket)
+        if ticket.error is not None:
+            self.failed_seen = True
+            raise_if_failed(ticket)
 
     def drain(self) -> None:
-        if self._reader is not None:
-            self._reader.drain()
-        if self._worker is not None:
-            self._worker.drain()
+        try:
+            drain_workers([self._reader, self._worker], quiet=self.failed_seen)
+        finally:
+            self.failed_seen = False
 
     def close(self) -> None:
         if self._reader is not None:

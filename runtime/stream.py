@@ -80,12 +80,14 @@ class Streamer:
         self._reset()
 
     def free(self) -> None:
-        self.drain()
-        for _ in self.slots:
-            self.target.free(self.slot_bytes, "slots")
-        self.slots, self.staging, self.dst, self.src = [], [], [], []
-        self._views = {}
-        self._reset()                   # nothing is in flight or bound any more
+        try:
+            self.drain()                # a failed copy surfaces here, after the frees
+        finally:
+            for _ in self.slots:
+                self.target.free(self.slot_bytes, "slots")
+            self.slots, self.staging, self.dst, self.src = [], [], [], []
+            self._views = {}
+            self._reset()               # nothing is in flight or bound any more
 
     def _bind(self, gi: int, s: int) -> None:
         views = self._views.get((gi, s))

@@ -20,11 +20,12 @@ import torch
 
 
 class Ticket:
-    __slots__ = ("done", "error", "event", "nbytes")
+    __slots__ = ("done", "error", "reported", "event", "nbytes")
 
     def __init__(self, nbytes: int):
         self.done = threading.Event()     # host side: the copy was carried out / issued
         self.error = None
+        self.reported = False             # its error was raised once (at wait): not again
         self.event = None                 # CUDA: event on the copy stream
         self.nbytes = nbytes
 
@@ -33,6 +34,7 @@ class Transfer:
     """Interface. `device` is where compute tensors live (cpu for a simulated device)."""
     device: torch.device
     pin_host: bool = False              # whether host buffers should be pinned
+    failed_seen: bool = False           # wait() raised a failure since the last drain()
     reads_into_dst: bool = False        # disk reads land in dst itself (no staging)
 
     def alloc(self, nbytes: int) -> torch.Tensor:
@@ -87,24 +89,50 @@ class CopyWorker:
             ticket.done.set()
 
     def drain(self) -> None:
+        """Wait for every job; raise the first failure nobody has seen yet (one error per
+        fault: a copy whose error `wait` raised is not raised again here)."""
         pending, self._pending = self._pending, []
         for t in pending:
             t.done.wait()
         for t in pending:
-            if t.error is not None:
-                raise t.error
+            if t.error is not None and not t.reported:
+                raise_if_failed(t)
 
     def forget_done(self) -> None:
         if len(self._pending) > 64:
-            self._pending = [t for t in self._pending if not t.done.is_set()]
+            self._pending = [t for t in self._pending     # a failure stays until seen
+                             if not t.done.is_set() or (t.error is not None and not t.reported)]
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread after the jobs queued before. A thread still running after
+        `timeout` (a read stuck on a dead disk) is an error, never a silent leak."""
         self._jobs.put(None)
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=timeout)
+        if self._thread.is_alive():
+            raise RuntimeError(f"{self._thread.name}: the copy thread did not stop within "
+                               f"{timeout:g} s (a disk read or copy is stuck); it is left "
+                               f"running and holds its buffers")
+
+
+def drain_workers(workers, quiet: bool = False) -> None:
+    """Drain every worker (all of them, even after one raised); raise the first failure
+    unless `quiet` (a failure was already raised at wait: later copies of the same run
+    failing after it are its consequences, one error per fault)."""
+    first = None
+    for w in workers:
+        if w is None:
+            continue
+        try:
+            w.drain()
+        except BaseException as exc:
+            first = first or exc
+    if first is not None and not quiet:
+        raise first
 
 
 def raise_if_failed(ticket: Ticket) -> None:
     if ticket.error is not None:
+        ticket.reported = True
         raise RuntimeError(f"asynchronous copy failed: {ticket.error!r}") from ticket.error
 
 
@@ -160,13 +188,17 @@ class CudaTransfer(Transfer):
 
     def wait(self, ticket: Ticket) -> None:
         ticket.done.wait()                # the copy is issued (an unrecorded event is no wait)
-        raise_if_failed(ticket)
+        if ticket.error is not None:
+            self.failed_seen = True
+            raise_if_failed(ticket)
         torch.cuda.current_stream(self.device).wait_event(ticket.event)
 
     def drain(self) -> None:
-        if self._worker is not None:
-            self._worker.drain()
-        self.stream.synchronize()
+        try:
+            drain_workers([self._worker], quiet=self.failed_seen)
+        finally:
+            self.failed_seen = False
+            self.stream.synchronize()
 
     def close(self) -> None:
         if self._worker is not None:

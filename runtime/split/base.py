@@ -12,6 +12,7 @@ from torch import nn
 from ...placement.errors import PlacementError
 from ..residency import Group, rebind
 from ..simdevice import Link
+from ..faults import teardown_after
 from ..target import open_target
 from .hops import DEFAULT_HOP_LINK
 from ..tensors import key_mapper, module_tensors
@@ -179,13 +180,13 @@ class SplitBase:
             self._prepare()
             self._load()
             self._attach()
-        except BaseException:
-            self._teardown()
+        except BaseException as exc:
+            teardown_after(self._teardown, exc)
             raise
         return self
 
-    def __exit__(self, *exc) -> bool:
-        self._teardown()
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        teardown_after(self._teardown, exc)
         return False
 
     def _prepare(self) -> None:
