@@ -166,8 +166,6 @@ class Placed:
                                  f"device; use params=disk with the model file")
         self.pool = PinnedPool(self.target.is_cuda, self.max_pinned_bytes
                                if self.max_pinned_bytes is not None else default_pinned_cap())
-        if self.host_store is not None:       # its pinned copies count against the cap
-            self.pool.pinned_bytes = self.host_store.pinned_bytes
         self.disk_layouts = {id(g): DiskLayout(g, self.file, self.key_map, False)
                              for g in self.resident_groups} if self.file else {}
         if self.host_store is not None and not self.streamed_groups:
@@ -452,7 +450,11 @@ class Placed:
         dev = self.target.ledger.stats()
         out = {"devices": {self.target.name: dev}, "hops": 0, "hop_bytes": 0}
         out.update(self._info)
-        out["pinned_bytes"] = self.pool.pinned_bytes if hasattr(self, "pool") else 0
+        pool = getattr(self, "pool", None)
+        out["pinned_bytes"] = pool.pinned_bytes if pool is not None else 0
+        out["pageable_host_bytes"] = pool.pageable_bytes if pool is not None else 0
+        if pool is not None and pool.warning:
+            out["pinned_warning"] = pool.warning
         out["host_pack_bytes"] = self.host_pack_bytes
         if self.streamer is not None:
             out["prefetched_ahead_bytes"] = self.streamer.ahead_bytes

@@ -264,37 +264,52 @@ def file_order_key(group_tensors, group_names, file: WeightFile, key_map):
 
 # -- pinned host memory --------------------------------------------------------------
 class PinnedPool:
-    """Pins our own host buffers up to a cap; past it, pageable with one warning."""
+    """Pins our own host buffers at their exact size through the process-wide account
+    (runtime/pinned.py: registered in place, unpinned and uncounted when the last view
+    is gone), up to `cap_bytes` pinned in use; past it, pageable with one warning, which
+    `warning` keeps for stats()."""
 
-    def __init__(self, enabled: bool, cap_bytes: int):
+    def __init__(self, enabled: bool, cap_bytes: int, account=None):
         self.enabled = enabled
         self.cap = cap_bytes
-        self.pinned_bytes = 0
+        self._account = account
         self.pageable_bytes = 0
-        self._warned = False
+        self.warning: Optional[str] = None
+
+    @property
+    def account(self):
+        if self._account is None:
+            from .pinned import account
+            self._account = account()
+        return self._account
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Pinned host bytes in use now (the pack's, process-wide: host stores included)."""
+        return self.account.in_use if self.enabled else 0
 
     def alloc(self, nbytes: int) -> torch.Tensor:
         return self.alloc_flagged(nbytes)[0]
 
     def alloc_flagged(self, nbytes: int):
         """(buffer, pinned)."""
-        if self.enabled and self.pinned_bytes + nbytes <= self.cap:
+        if self.enabled:
             try:
-                buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-                self.pinned_bytes += nbytes
-                return buf, True
+                buf = self.account.alloc(nbytes, self.cap)
+                if buf is not None:
+                    return buf, True
+                self._warn(f"pinned host memory cap {format_bytes(min(self.cap, self.account.cap))} "
+                           f"reached")
             except RuntimeError as exc:
                 self._warn(f"pinning failed ({exc})")
-        elif self.enabled:
-            self._warn(f"pinned host memory cap {format_bytes(self.cap)} reached")
         self.pageable_bytes += nbytes
         return torch.empty(nbytes, dtype=torch.uint8), False
 
     def _warn(self, why: str) -> None:
-        if not self._warned:
-            self._warned = True
-            warnings.warn(f"{why}: the rest of the weights rest in pageable memory, "
-                          f"copies from it are slower", RuntimeWarning, stacklevel=3)
+        if self.warning is None:
+            self.warning = (f"{why}: the rest of the weights rest in pageable memory, "
+                            f"copies from it are slower")
+            warnings.warn(self.warning, RuntimeWarning, stacklevel=3)
 
 
 def _find_malloc_trim():
@@ -319,6 +334,6 @@ def give_back_freed_host_memory() -> None:
 
 
 def default_pinned_cap() -> int:
-    """Half the host RAM: pinned pages cannot be swapped, the OS needs the rest."""
-    from ..placement.devices import _host_memory
-    return _host_memory()[0] // 2
+    """Half the host RAM (a quarter on Windows): pinned pages cannot be swapped."""
+    from .pinned import default_cap
+    return default_cap()

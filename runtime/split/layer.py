@@ -100,8 +100,6 @@ class LayerSplit(SplitBase):
         self.pool = PinnedPool(any(t.is_cuda for t in self.targets),
                                self.max_pinned_bytes if self.max_pinned_bytes is not None
                                else default_pinned_cap())
-        if self.host_store is not None:       # its pinned copies count against the cap
-            self.pool.pinned_bytes = self.host_store.pinned_bytes
         kept_keys = []
         planned_k = self.fit_info.get("stream_per_device") or {}
         for d, t in enumerate(self.targets):
