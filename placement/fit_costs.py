@@ -81,6 +81,8 @@ class Workload:
             batch = batch * max(1, int(cond_batch))   # CFG: cond and uncond in one batch
         width, height = resolution
         megapixels = width * height / float(1 << 20)
+        if not takes_frames(info):
+            frames = 1                       # an image model: frames do not change it
         latent_frames = 1 + (frames - 1) // 4 if frames > 1 else 1   # 4x temporal VAEs
         if comp in TOKENS_PER_MEGAPIXEL:
             scale = latent_frames if comp != "vae" else frames
@@ -95,6 +97,24 @@ class Workload:
         else:
             self.activation_bytes = _activation_bytes(info, comp, width, height,
                                                       latent_frames, frames, batch)
+
+
+VIDEO_VAES = {"wan_vae", "ltxv_vae", "hunyuan_vae"}
+
+
+def takes_frames(info) -> bool:
+    """Whether `--frames` changes this component's work: video DiTs and video VAEs (the
+    metadata knows the architecture); image models, text encoders and unknown non-video
+    parts compute the same for 81 frames as for one."""
+    from .metadata.headroom import DIT
+    comp = info.component
+    archs = set((getattr(info, "arch", "") or "").split("+"))
+    if comp in ("diffusion", "controlnet"):
+        known = [DIT[a] for a in archs if a in DIT and a != "dit"]
+        return not known or any(p.temporal for p in known)
+    if comp == "vae":
+        return bool(archs & VIDEO_VAES) or not (archs - {""}) or "unknown" in archs
+    return False
 
 
 def _activation_bytes(info, comp, width, height, latent_frames, frames, batch) -> int:

@@ -69,7 +69,12 @@ def _resolve_budget(inventory: Inventory, value: int, device: str) -> Optional[i
         return None
     if value > 0:
         return value
-    return max(0, inventory.get(device).free_bytes + value)
+    free = inventory.get(device).free_bytes
+    if free + value < 0:
+        raise PlacementError(f"max_vram {device}={format_bytes(value)} resolves below zero: "
+                             f"{device} has {format_bytes(free)} free; give a negative "
+                             f"budget above -{format_bytes(free)}, a positive one, or 0 (off)")
+    return free + value
 
 
 def resolve_request(spec: PlacementSpec, inventory: Inventory, strict: bool = True) -> Request:
@@ -149,6 +154,7 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
         if fit_options:
             raise PlacementError(f"option(s) {', '.join(sorted(fit_options))} need auto_fit")
         result = explicit_plan(request, inventory, infos)
+        result.warnings.extend(_unused_without_auto_fit(spec, inventory, request))
     decide_lora(result, infos, spec.lora_mode)
     for comp, cp in pins.items():
         result.components[comp] = copy.deepcopy(cp)
@@ -160,6 +166,19 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
                [c for c, cp in result.components.items() if cp.present or c in named])
     result.extra.setdefault("executor", executor)
     return result
+
+
+def _unused_without_auto_fit(spec: PlacementSpec, inventory: Inventory, request: Request):
+    """What the user set that an explicit plan does not use: said, never dropped silently."""
+    out = []
+    if spec.offload_mode != "auto":
+        out.append(f"offload_mode {spec.offload_mode} is an auto-fit preset and is not used "
+                   f"without auto_fit; turn on auto_fit or drop it")
+    for d in inventory.devices:
+        if d.kind == "cpu" and request.budgets.get(d.name) is not None:
+            out.append(f"max_vram {d.name}= is not used by an explicit plan (host RAM is "
+                       f"budgeted by auto_fit only); turn on auto_fit or drop it")
+    return out
 
 
 def explicit_plan(request: Request, inventory: Inventory, infos) -> Plan:

@@ -61,6 +61,14 @@ def describe_component(component: str, sources, *, resolution=(1024, 1024), fram
     if not sources:
         raise PlacementError(f"no source given for {comp}; give a path, an nn.Module "
                              f"or a ComponentInfo")
+    seen = {}
+    for src in sources:
+        if isinstance(src, (str, os.PathLike)):
+            key = os.path.realpath(os.fspath(src))
+            if key in seen:
+                raise PlacementError(f"{os.fspath(src)} is given twice for {comp} (also as "
+                                     f"{seen[key]}); give each file once")
+            seen[key] = os.fspath(src)
     infos = []
     for src in group_shards(sources):
         found = describe(src, comp, resolution=resolution, frames=frames, batch=batch,
@@ -68,8 +76,16 @@ def describe_component(component: str, sources, *, resolution=(1024, 1024), fram
         for info in found:
             if info.component != comp:
                 raise PlacementError(f"a ComponentInfo for {info.component} was given as {comp}")
+            if isinstance(src, (str, os.PathLike)) and info.tensor_count == 0:
+                raise PlacementError(f"{os.fspath(src)}: no tensors in its header; not a "
+                                     f"model file for {comp}")
         infos.extend(found)
-    return infos[0] if len(infos) == 1 else merge(comp, infos)
+    if len(infos) == 1:
+        return infos[0]
+    # the plan must not depend on the order the files were given in: smallest first
+    # (Flux's CLIP-L before T5-XXL, the order ComfyUI runs them)
+    infos.sort(key=lambda i: (i.total_bytes, i.arch, tuple(map(str, i.sources))))
+    return merge(comp, infos)
 
 
 def merge(component: str, infos: Sequence[ComponentInfo]) -> ComponentInfo:

@@ -130,12 +130,21 @@ def test_budgets_resolve_against_devices(seed_inventory):
     ("all=4,cuda1=0", {"cuda0": 4 << 30, "vulkan0": 4 << 30, "metal": 4 << 30}),
     ("cuda:1=3", {"cuda1": 3 << 30}),
     ("cpu=32", {"cpu": 32 << 30}),
-    ("cuda0=-100", {"cuda0": 0}),
+    ("cuda0=-24", {"cuda0": 0}),
 ])
 def test_budget_forms(seed_inventory, text, expected):
     p = plan(PlacementSpec(max_vram=text), seed_inventory)
     got = {d.name: d.budget_bytes for d in p.devices if d.budget_bytes is not None}
     assert got == expected
+
+
+@pytest.mark.parametrize("text", ["cuda0=-100", "cuda0=-24.5", "-13"])
+def test_budget_below_zero_is_one_line_error(seed_inventory, text):
+    # a negative budget is 'free minus that'; below zero it is an error, never a 0 B budget
+    with pytest.raises(PlacementError) as e:
+        plan(PlacementSpec(max_vram=text), seed_inventory)
+    msg = str(e.value)
+    assert "\n" not in msg and "resolves below zero" in msg and "free" in msg
 
 
 def test_numeric_budget(seed_inventory):
