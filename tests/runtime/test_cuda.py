@@ -76,3 +76,24 @@ def test_cuda_host_copies_need_no_thread():
         assert bool((dst == 1).all())
     finally:
         tr.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_exact_pinned_buffers_are_page_locked_copy_right_and_are_given_back():
+    import gc
+    from comfyui_placement.runtime.pinned import PinnedAccount
+    acc = PinnedAccount(1 << 30)                  # the real cudaHostRegister
+    sizes = [(3 << 20) + 7, (1 << 20) + 1]
+    bufs = [acc.alloc(n) for n in sizes]
+    assert [b.numel() for b in bufs] == sizes and acc.in_use == sum(sizes)
+    stream = torch.cuda.Stream()
+    for b in bufs:
+        assert b.is_pinned()
+        b.copy_(torch.randint(0, 255, (b.numel(),), dtype=torch.uint8))
+        with torch.cuda.stream(stream):
+            dev = b.to("cuda", non_blocking=True)
+        stream.synchronize()
+        assert torch.equal(dev.cpu(), b)
+    del bufs, b
+    gc.collect()
+    assert acc.in_use == 0
