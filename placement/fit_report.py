@@ -254,6 +254,10 @@ def explain_failure(search: Search, options, budgets, host) -> PlacementError:
             "sequential": "raise max_vram or free GPU memory",
             "balanced": "raise balanced_threshold or use offload_mode auto",
             "auto": "raise max_vram or free GPU memory, or leave the placement to auto-fit"}[mode]
+    source = host[1] if isinstance(host, tuple) and len(host) > 1 else ""
+    host_hint = {"host_budget": "raise host_budget",
+                 "max_vram cpu": "raise max_vram cpu= (--max-vram cpu=SIZE)"}.get(
+        source, "free host memory")
     lbs = getattr(search, "lbs", None) or search.lower_bounds()
     most = max(search.budget, default=0)
     for c in search.comps:
@@ -278,23 +282,34 @@ def explain_failure(search: Search, options, budgets, host) -> PlacementError:
             return PlacementError(
                 f"auto-fit: {c} needs {fmt(geo.total + geo.headroom)} of host RAM to run on "
                 f"the cpu{asked} but the host budget is {fmt(search.host_budget)}; "
-                f"free host memory or raise host_budget")
+                f"{host_hint}")
         return PlacementError(
             f"auto-fit: {c} ({fmt(geo.total)}) fits nowhere under offload_mode {mode}{asked}: "
             f"it needs at least {fmt(need)} on a GPU ({how}, working memory "
             f"{fmt(geo.headroom)}) and the largest budget is {fmt(most)}, short by "
             f"{fmt(max(0, need - most))}; {hint}")
+    # the binding resource: host RAM when more of it alone makes the plan fit (more GPU
+    # memory would only hide it), else the GPUs
+    host_only = _host_shortfall(search, gpu_extra=0)
+    if host_only is not None:
+        return PlacementError(
+            f"auto-fit: host RAM budget {fmt(search.host_budget)} cannot hold the weights that "
+            f"must rest there (short by {fmt(host_only)}); {host_hint}, or leave params to "
+            f"auto-fit so they can rest on disk")
     extra = _shortfall(search)
     if extra is not None:
+        what = (f"{search.comps[0]} does not fit" if len(search.comps) == 1 else
+                "the components fit one at a time but not together")
+        gpus = "the GPU" if len(search.gpus) == 1 else "every GPU"
         return PlacementError(
-            f"auto-fit: the components fit one at a time but not together under offload_mode "
-            f"{mode}; it would fit with {fmt(extra)} more on every GPU; {hint}")
+            f"auto-fit: {what} under offload_mode {mode}; it would fit with {fmt(extra)} "
+            f"more on {gpus}; {hint}")
     host_need = _host_shortfall(search)
     if host_need is not None:
         return PlacementError(
             f"auto-fit: host RAM budget {fmt(search.host_budget)} cannot hold the weights that "
-            f"must rest there (short by {fmt(host_need)}); free host memory, raise "
-            f"host_budget, or leave params to auto-fit so they can rest on disk")
+            f"must rest there (short by {fmt(host_need)}); {host_hint}, or leave params to "
+            f"auto-fit so they can rest on disk")
     return PlacementError(f"auto-fit: no placement fits under offload_mode {mode}; {hint}")
 
 
@@ -325,7 +340,8 @@ def _shortfall(search: Search):
     return _bisect(lambda x: _retry(search, gpu_extra=x), high)
 
 
-def _host_shortfall(search: Search):
+def _host_shortfall(search: Search, gpu_extra=None):
     high = sum(g.total + g.headroom for g in search.geos.values())
     big = sum(g.total + 2 * g.headroom for g in search.geos.values())
-    return _bisect(lambda x: _retry(search, gpu_extra=big, host_extra=x), high)
+    more = big if gpu_extra is None else gpu_extra
+    return _bisect(lambda x: _retry(search, gpu_extra=more, host_extra=x), high)

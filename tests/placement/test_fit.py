@@ -244,7 +244,7 @@ def test_preset_none_is_resident_or_error():
     assert all(cp.params == "cuda0" and cp.stream is None
                for cp in p.components.values() if cp.present)
     with pytest.raises(PlacementError, match="not together under offload_mode none; it would "
-                                             "fit with 5.63 GiB more on every GPU"):
+                                             "fit with 5.63 GiB more on the GPU"):
         run("cuda0=12GiB,cpu=64GiB", _set(), offload_mode="none")
     with pytest.raises(PlacementError, match="offload_mode none.*short by"):
         run("cuda0=8GiB,cpu=64GiB", _set(), offload_mode="none")
