@@ -159,18 +159,41 @@ def read_source(source) -> Tuple[List[TensorInfo], str]:
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         low = path.lower()
-        if low.endswith(SAFETENSORS_EXT):
-            from .safetensors_header import read_safetensors
-            return read_safetensors(path)[0], path
-        if low.endswith(GGUF_EXT):
-            from .gguf_file import read_gguf
-            return read_gguf(path)[0], path
+        if low.endswith(SAFETENSORS_EXT) or low.endswith(GGUF_EXT):
+            return list(_read_header_cached(path, low.endswith(GGUF_EXT))), path
         raise PlacementError(f"cannot read {path!r}: expected a .safetensors, .sft or .gguf "
                              f"file (pickle checkpoints are not read)")
     if is_module(source):
         return read_module(source), f"module:{type(source).__name__}"
     raise PlacementError(f"cannot describe a {type(source).__name__}: expected a path, an "
                          f"nn.Module or a ComponentInfo")
+
+
+_HEADERS: "Dict[Tuple[str, int, int], Tuple[TensorInfo, ...]]" = {}
+_HEADERS_MAX = 64
+
+
+def _read_header_cached(path: str, gguf: bool):
+    """A file's tensor table, read once per (path, size, mtime): re-planning a pipeline
+    does not re-parse its headers; a file rewritten in place is read again."""
+    try:
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = None                      # the reader below gives the one-line error
+    if key is not None and key in _HEADERS:
+        return _HEADERS[key]
+    if gguf:
+        from .gguf_file import read_gguf
+        tensors = tuple(read_gguf(path)[0])
+    else:
+        from .safetensors_header import read_safetensors
+        tensors = tuple(read_safetensors(path)[0])
+    if key is not None:
+        if len(_HEADERS) >= _HEADERS_MAX:
+            _HEADERS.pop(next(iter(_HEADERS)))
+        _HEADERS[key] = tensors
+    return tensors
 
 
 def _override(headroom: Headroom, component: str) -> Optional[int]:
