@@ -62,6 +62,8 @@ class _Owner:
     def __del__(self):
         try:
             self.unregister(self.ptr)
+        except Exception:                 # CUDA already torn down (interpreter exit)
+            pass
         finally:
             self.account._give_back(self.nbytes)
 
