@@ -95,6 +95,14 @@ class WeightFile:
         self._fd = os.open(path, os.O_RDONLY)
         st = os.fstat(self._fd)
         self._identity = (st.st_size, st.st_mtime_ns)   # a file changed under us is refused
+        try:
+            self._parse(path)
+        except BaseException:
+            self.close()                  # a bad header must not leak the descriptor
+            raise
+
+    def _parse(self, path: str) -> None:
+        raise NotImplementedError
 
     def check_unchanged(self) -> None:
         st = os.fstat(self._fd)
@@ -141,14 +149,6 @@ class WeightFile:
 
 
 class SafetensorsFile(WeightFile):
-    def __init__(self, path: str):
-        super().__init__(path)
-        try:
-            self._parse(path)
-        except BaseException:
-            self.close()                  # a bad header must not leak the descriptor
-            raise
-
     def _parse(self, path: str) -> None:
         with open(path, "rb") as fh:
             head = fh.read(8)
@@ -175,14 +175,6 @@ class GGUFFile(WeightFile):
     _RAW = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
             "F64": torch.float64, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
             "I64": torch.int64}
-
-    def __init__(self, path: str):
-        super().__init__(path)
-        try:
-            self._parse(path)
-        except BaseException:
-            self.close()                  # a bad header must not leak the descriptor
-            raise
 
     def _parse(self, path: str) -> None:
         try:
