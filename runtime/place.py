@@ -22,7 +22,7 @@ from ..placement.errors import PlacementError
 from .blocks import find_blocks
 from .residency import (DiskLayout, Group, PinnedPool, default_pinned_cap, open_weight_file, rebind,
                         give_back_freed_host_memory)
-from .hoststore import group_key
+from .hoststore import group_key, packed_host
 from .simdevice import Link
 from .stream import Source, Streamer
 from .faults import teardown_after
@@ -242,14 +242,9 @@ class Placed:
                 layout = DiskLayout(g, self.file, self.key_map, True)
                 sources.append(Source(read=partial_read(self.file, layout.runs)))
                 continue
-            resting = [self.rest[id(t)] for t in g.tensors]
-            if self.host_store is not None:
-                host, packed = self.host_store.host_for(g, resting, self.pool.alloc_flagged,
-                                                        self.repoint)
-                keys.append(group_key(g))
-            else:
-                host, packed = self.pool.alloc(g.nbytes), g.nbytes
-                g.pack(host, resting)
+            host, packed = packed_host(g, [self.rest[id(t)] for t in g.tensors], self.pool,
+                                       self.host_store, self.repoint)
+            keys.append(group_key(g))
             self.host_pack_bytes += packed
             g.bind(host)
             for t, v in zip(g.tensors, g.views(host)):

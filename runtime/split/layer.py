@@ -21,7 +21,7 @@ from ...placement.ranges import proportional_ranges
 from ...placement.units import format_bytes
 from ..blocks import find_blocks
 from ..residency import DiskLayout, PinnedPool, default_pinned_cap, open_weight_file
-from ..hoststore import group_key
+from ..hoststore import group_key, packed_host
 from ..stream import Source, Streamer
 from ..tensors import make_group, seen_bytes, to_device
 from .base import SplitBase
@@ -136,14 +136,10 @@ class LayerSplit(SplitBase):
                     layout = DiskLayout(groups[i], self.file, self.key_map, True)
                     sources.append(Source(read=reader(self.file, layout.runs)))
                     continue
-                resting = [self._resting(x) for x in groups[i].tensors]
-                if self.host_store is not None:
-                    host, packed = self.host_store.host_for(
-                        groups[i], resting, self.pool.alloc_flagged, self.repoint)
-                    kept_keys.append(group_key(groups[i]))
-                else:
-                    host, packed = self.pool.alloc(groups[i].nbytes), groups[i].nbytes
-                    groups[i].pack(host, resting)
+                host, packed = packed_host(groups[i],
+                                           [self._resting(x) for x in groups[i].tensors],
+                                           self.pool, self.host_store, self.repoint)
+                kept_keys.append(group_key(groups[i]))
                 self.host_pack_bytes += packed
                 sources.append(Source(host=host))
             self.streamers.append(Streamer(t, [groups[i] for i in streamed],
