@@ -140,7 +140,8 @@ def measure(args, double, single):
           f"each round so that transfer alone = compute of that round; a simulated copy "
           f"lands exactly at its modelled time (its memcpy inside it, never earlier), so "
           f"transfer = the modelled time; ratios are per round, median shown; the resident "
-          f"row is the floor itself (1.000 by construction)")
+          f"row is compute / max(compute, transfer), just under 1 because the link's "
+          f"per-copy latency makes transfer a little longer than compute")
     print("step/max(c,t): c = the resident run of the same round; same-run: c = this run's "
           "step minus the time it waited for copies")
     print(f"{'variant':>9} {'ms/step':>9} {'step/max(c,t)':>14} {'step/(c+t)':>11} "
