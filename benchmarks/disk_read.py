@@ -20,7 +20,8 @@ from safetensors.torch import save_file
 
 from _common import flux, inventory, med, plan
 from comfyui_placement.runtime import find_blocks, place
-from comfyui_placement.runtime.residency import DiskLayout, Group, open_weight_file
+from comfyui_placement.runtime.residency import Group
+from comfyui_placement.runtime.weightfile import DiskLayout, open_weight_file
 from comfyui_placement.runtime.simdevice import Link
 
 

@@ -20,8 +20,8 @@ from torch import nn
 
 from ..placement.errors import PlacementError
 from .blocks import find_blocks
-from .residency import (DiskLayout, Group, PinnedPool, default_pinned_cap, open_weight_file, rebind,
-                        give_back_freed_host_memory)
+from .residency import Group, PinnedPool, default_pinned_cap, rebind, give_back_freed_host_memory
+from .weightfile import DiskLayout, open_weight_file
 from .hoststore import group_key, packed_host
 from .simdevice import Link
 from .stream import Source, Streamer

@@ -4,7 +4,8 @@ from typing import Callable, Dict, Sequence, Union
 import torch
 from torch import nn
 
-from .residency import Group, file_order_key
+from .residency import Group
+from .weightfile import file_order_key
 
 
 def seen_bytes(args, kwargs) -> int:

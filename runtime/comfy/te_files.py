@@ -52,7 +52,7 @@ class FileKeys:
     """One safetensors file's header: key -> (dtype, shape)."""
 
     def __init__(self, path: str):
-        from ...runtime.residency import SafetensorsFile
+        from ...runtime.weightfile import SafetensorsFile
         f = SafetensorsFile(path)
         try:
             self.entries = {k: (e[0], e[1]) for k, e in f.entries.items()}

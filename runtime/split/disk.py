@@ -6,7 +6,8 @@ from typing import Callable
 import torch
 
 from ...placement.errors import PlacementError
-from ..residency import DiskLayout, Group, WeightFile
+from ..residency import Group
+from ..weightfile import DiskLayout, WeightFile
 
 CHUNK = 64 * 1024 ** 2          # staging for one-time resident reads onto a real GPU
 

@@ -20,7 +20,8 @@ from ...placement.errors import PlacementError
 from ...placement.ranges import proportional_ranges
 from ...placement.units import format_bytes
 from ..blocks import find_blocks
-from ..residency import DiskLayout, PinnedPool, default_pinned_cap, open_weight_file
+from ..residency import PinnedPool, default_pinned_cap
+from ..weightfile import DiskLayout, open_weight_file
 from ..hoststore import group_key, packed_host
 from ..stream import Source, Streamer
 from ..tensors import make_group, seen_bytes, to_device

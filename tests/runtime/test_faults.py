@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from comfyui_placement.placement.errors import PlacementError
 from comfyui_placement.runtime import place
 from comfyui_placement.runtime.ledger import Ledger, out_of_memory
-from comfyui_placement.runtime.residency import open_weight_file
+from comfyui_placement.runtime.weightfile import open_weight_file
 from comfyui_placement.runtime.simdevice import Link, SimTransfer
 from comfyui_placement.runtime.transfer import CopyWorker, Ticket
 
@@ -200,7 +200,7 @@ def test_interrupt_from_a_hook_at_every_block_and_step(kind, tiny, plan_for, sim
 @pytest.mark.parametrize("how", ["truncated", "changed"])
 def test_weights_file_truncated_or_changed_while_streaming(how, tiny, plan_for, sim_inventory,
                                                           tmp_path, monkeypatch):
-    from comfyui_placement.runtime.residency import WeightFile
+    from comfyui_placement.runtime.weightfile import WeightFile
     model, inp = tiny("flux")
     with torch.no_grad():
         ref = model(**inp)[0]

@@ -1,0 +1,196 @@
+"""Model files read by byte ranges: safetensors and GGUF headers parsed into
+(dtype, shape, offset, nbytes) entries, and a group's tensors mapped to coalesced file
+runs (`DiskLayout`) that are read with pread straight into a caller's buffer (a staging
+slot or a ring slot), never the whole file into RAM. A file changed or truncated while
+streaming is refused."""
+import json
+import os
+import struct
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..placement.errors import PlacementError
+from .residency import Group
+
+
+# -- files -------------------------------------------------------------------------
+_ST_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+    "F8_E4M3": getattr(torch, "float8_e4m3fn", None),
+    "F8_E5M2": getattr(torch, "float8_e5m2", None),
+}
+
+FileEntry = Tuple[torch.dtype, Tuple[int, ...], int, int]   # dtype, shape, offset, nbytes
+
+
+class WeightFile:
+    """Byte ranges of tensors in a model file, read with pread (no Python-side copies)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.entries: Dict[str, FileEntry] = {}
+        self.unsupported: Dict[str, str] = {}        # key -> why it cannot be read raw
+        self.quantized: Dict[str, str] = {}          # key -> quant type (raw bytes entry)
+        self._fd = os.open(path, os.O_RDONLY)
+        st = os.fstat(self._fd)
+        self._identity = (st.st_size, st.st_mtime_ns)   # a file changed under us is refused
+        try:
+            self._parse(path)
+        except BaseException:
+            self.close()                  # a bad header must not leak the descriptor
+            raise
+
+    def _parse(self, path: str) -> None:
+        raise NotImplementedError
+
+    def check_unchanged(self) -> None:
+        st = os.fstat(self._fd)
+        if st.st_size < self._identity[0]:
+            raise PlacementError(f"{self.path}: the file is truncated while streaming "
+                                 f"({st.st_size} bytes, {self._identity[0]} when opened)")
+        if (st.st_size, st.st_mtime_ns) != self._identity:
+            raise PlacementError(f"{self.path}: the file changed while streaming (size or "
+                                 f"modification time differs from when it was opened); "
+                                 f"rerun once it is written")
+
+    def lookup(self, key: str) -> Optional[FileEntry]:
+        if key in self.unsupported:
+            raise PlacementError(f"{os.path.basename(self.path)}: tensor {key!r} is "
+                                 f"{self.unsupported[key]}, which disk residency cannot "
+                                 f"read; use a F32/F16/BF16 file or params=cpu")
+        return self.entries.get(key)
+
+    def refuse_dequant(self, key: str, wanted) -> None:
+        raise PlacementError(f"{os.path.basename(self.path)}: tensor {key!r} is quantized "
+                             f"({self.quantized[key]}) but the module wants {wanted}; disk "
+                             f"residency streams quantized bytes only into modules that "
+                             f"hold them raw (uint8, e.g. ComfyUI-GGUF) and has no on-device "
+                             f"dequantization yet; use an unquantized file or params=cpu")
+
+    def read_runs(self, runs: Sequence[Tuple[int, int, int]], buf: torch.Tensor) -> None:
+        """runs: (file offset, buffer offset, nbytes)."""
+        self.check_unchanged()
+        arr = buf.numpy()
+        for file_off, buf_off, n in runs:
+            view = memoryview(arr[buf_off:buf_off + n])
+            done = 0
+            while done < n:
+                got = os.preadv(self._fd, [view[done:]], file_off + done)
+                if got <= 0:
+                    raise PlacementError(f"{self.path}: file ends early at byte "
+                                         f"{file_off + done}; the file is truncated")
+                done += got
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class SafetensorsFile(WeightFile):
+    def _parse(self, path: str) -> None:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) != 8:
+                raise PlacementError(f"{path}: not a safetensors file (too short)")
+            (n,) = struct.unpack("<Q", head)
+            try:
+                header = json.loads(fh.read(n))
+            except (ValueError, UnicodeDecodeError):
+                raise PlacementError(f"{path}: not a safetensors file (bad header)") from None
+        base = 8 + n
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            dtype = _ST_DTYPES.get(info["dtype"])
+            if dtype is None:
+                self.unsupported[key] = f"stored as {info['dtype']}"
+                continue
+            start, end = info["data_offsets"]
+            self.entries[key] = (dtype, tuple(info["shape"]), base + start, end - start)
+
+
+class GGUFFile(WeightFile):
+    _RAW = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+            "F64": torch.float64, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
+            "I64": torch.int64}
+
+    def _parse(self, path: str) -> None:
+        try:
+            import gguf
+        except ImportError:
+            raise PlacementError("disk residency from a .gguf file needs the 'gguf' "
+                                 "package (pip install gguf)") from None
+        reader = gguf.GGUFReader(path)
+        for t in reader.tensors:
+            qname = t.tensor_type.name
+            dtype = self._RAW.get(qname)
+            if dtype is None:                 # quantized: its raw bytes, for modules that
+                self.quantized[t.name] = qname    # keep them raw (dequantized in their ops)
+                self.entries[t.name] = (torch.uint8, (int(t.n_bytes),), int(t.data_offset),
+                                        int(t.n_bytes))
+                continue
+            shape = tuple(int(d) for d in reversed(list(t.shape)))   # ggml order is reversed
+            self.entries[t.name] = (dtype, shape, int(t.data_offset), int(t.n_bytes))
+        del reader
+
+
+def open_weight_file(path: str) -> WeightFile:
+    if not os.path.isfile(path):
+        raise PlacementError(f"weights file {path!r} not found; disk residency needs the "
+                             f"model's .safetensors or .gguf file")
+    if path.lower().endswith(".gguf"):
+        return GGUFFile(path)
+    return SafetensorsFile(path)
+
+
+class DiskLayout:
+    """Where each tensor of a group is in the file; runs coalesce neighbours."""
+
+    def __init__(self, group: Group, file: WeightFile, key_map: Callable[[str], str],
+                 required: bool):
+        self.runs: List[Tuple[int, int, int]] = []
+        self.from_module: List[int] = []      # tensors not in the file (non-persistent buffers)
+        for i, names in enumerate(group.names):
+            entry = None
+            for name in names:
+                entry = file.lookup(key_map(name))
+                if entry is not None:
+                    break
+            if entry is None:
+                if required:
+                    raise PlacementError(f"{os.path.basename(file.path)} has no tensor "
+                                         f"{key_map(names[0])!r} (block {group.name}); pass "
+                                         f"the file this model was loaded from, or a key_map")
+                self.from_module.append(i)
+                continue
+            dtype, shape, off, n = entry
+            key = key_map(name)
+            if key in file.quantized and (dtype != group.dtypes[i] or n != group.sizes[i]):
+                file.refuse_dequant(key, f"{group.dtypes[i]} {list(group.shapes[i])}")
+            if dtype != group.dtypes[i] or n != group.sizes[i]:
+                raise PlacementError(
+                    f"{os.path.basename(file.path)}: tensor {key_map(names[0])!r} is "
+                    f"{dtype} {list(shape)} but the module has {group.dtypes[i]} "
+                    f"{list(group.shapes[i])}; disk residency needs the file's dtypes")
+            buf_off = group.offsets[i]
+            if self.runs and self.runs[-1][0] + self.runs[-1][2] == off \
+                    and self.runs[-1][1] + self.runs[-1][2] == buf_off:
+                f0, b0, n0 = self.runs[-1]
+                self.runs[-1] = (f0, b0, n0 + n)
+            else:
+                self.runs.append((off, buf_off, n))
+
+
+def file_order_key(group_tensors, group_names, file: WeightFile, key_map):
+    """Sort key that follows the file, so a block is usually one contiguous read."""
+    def key(i):
+        for name in group_names[i]:
+            e = file.entries.get(key_map(name))
+            if e is not None:
+                return e[2]
+        return -1
+    return key
