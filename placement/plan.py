@@ -29,6 +29,8 @@ class DevicePlan:
 class StreamPlan:
     resident_blocks: int            # chunk-K: the first K streamed blocks stay on the device
     prefetch_depth: int             # blocks in flight while one computes
+    host_blocks: int = 0            # params=disk: the first N streamed blocks rest in host
+                                    # RAM (read once), the rest are read from the file per step
 
 
 @dataclass
@@ -45,6 +47,9 @@ class ComponentPlan:
     present: bool = False           # whether the caller described this component
     total_bytes: int = 0
     lora: str = "fuse"              # how LoRA patches apply: fuse | runtime (see placement.lora)
+    parallel: str = "none"          # none | batch: shares of a batch on the runtime devices at once
+    tile: Optional[int] = None      # VAE: tile edge in pixels for a tiled decode; None: full frame
+    quant: Optional[str] = None     # GGUF quant type(s) of the weights, e.g. "Q4_K"; None: float
 
     @property
     def main_device(self) -> str:
@@ -107,13 +112,23 @@ class Plan:
                 comps[name] = ComponentPlan(
                     component=name, runtime=list(c["runtime"]), params=c["params"],
                     split_mode=c.get("split_mode", "layer"),
-                    stream=StreamPlan(int(s["resident_blocks"]), int(s["prefetch_depth"]))
+                    stream=StreamPlan(int(s["resident_blocks"]), int(s["prefetch_depth"]),
+                                      int(s.get("host_blocks", 0)))
                     if s else None,
                     blocks={k: [int(v[0]), int(v[1])] for k, v in c.get("blocks", {}).items()},
                     resident_bytes=int(c.get("resident_bytes", 0)),
                     streamed_bytes=int(c.get("streamed_bytes", 0)),
                     reasons=list(c.get("reasons", [])), present=bool(c.get("present", False)),
-                    total_bytes=int(c.get("total_bytes", 0)), lora=c.get("lora", "fuse"))
+                    total_bytes=int(c.get("total_bytes", 0)), lora=c.get("lora", "fuse"),
+                    parallel=c.get("parallel", "none"),
+                    tile=None if c.get("tile") is None else int(c["tile"]),
+                    quant=c.get("quant"))
+                if comps[name].parallel not in ("none", "batch"):
+                    raise PlacementError(f"invalid parallel {comps[name].parallel!r} for "
+                                         f"{name}; expected none or batch")
+                if comps[name].stream is not None and comps[name].stream.host_blocks < 0:
+                    raise PlacementError(f"invalid stream.host_blocks for {name}; expected "
+                                         f"a count >= 0")
                 if comps[name].lora not in ("fuse", "runtime"):
                     raise PlacementError(f"invalid lora {comps[name].lora!r} for {name}; "
                                          f"expected fuse or runtime")
@@ -149,11 +164,12 @@ def _component_dict(c: ComponentPlan) -> dict:
         "runtime": list(c.runtime), "params": c.params, "split_mode": c.split_mode,
         "stream": None if c.stream is None else {
             "resident_blocks": c.stream.resident_blocks,
-            "prefetch_depth": c.stream.prefetch_depth},
+            "prefetch_depth": c.stream.prefetch_depth,
+            "host_blocks": c.stream.host_blocks},
         "blocks": {k: list(v) for k, v in c.blocks.items()},
         "resident_bytes": c.resident_bytes, "streamed_bytes": c.streamed_bytes,
         "reasons": list(c.reasons), "present": c.present, "total_bytes": c.total_bytes,
-        "lora": c.lora,
+        "lora": c.lora, "parallel": c.parallel, "tile": c.tile, "quant": c.quant,
     }
 
 

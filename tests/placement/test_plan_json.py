@@ -77,3 +77,37 @@ def test_split_planned_bytes_follow_block_sizes(seed_inventory):
     expect["cuda0"] += GiB // 8
     assert {d: p.device(d).planned_bytes for d in ranges} == expect
     assert sum(expect.values()) == info.total_bytes
+
+
+def test_added_keys_round_trip_and_old_plans_default(seed_inventory):
+    """host_blocks, parallel, tile and quant are keys added to v1: they round-trip, and a
+    plan written before they existed loads with their defaults."""
+    p = plan(PlacementSpec(backend="cuda1", stream_layers=True, max_vram="cuda1=4"),
+             seed_inventory, components={"diffusion": _flux_like()})
+    cp = p.components["diffusion"]
+    cp.stream.host_blocks, cp.parallel, cp.tile, cp.quant = 3, "batch", 512, "Q4_K"
+    again = Plan.from_json(p.to_json()).components["diffusion"]
+    assert (again.stream.host_blocks, again.parallel, again.tile, again.quant) == \
+        (3, "batch", 512, "Q4_K")
+    data = json.loads(p.to_json())
+    for c in data["components"].values():
+        for key in ("parallel", "tile", "quant"):
+            c.pop(key)
+        if c["stream"]:
+            c["stream"].pop("host_blocks")
+    old = Plan.from_dict(data).components["diffusion"]
+    assert (old.stream.host_blocks, old.parallel, old.tile, old.quant) == (0, "none", None, None)
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("parallel", "pipeline", "invalid parallel"),
+    ("host_blocks", -1, "host_blocks"),
+])
+def test_added_keys_refuse_nonsense(seed_inventory, key, value, words):
+    p = plan(PlacementSpec(backend="cuda1", stream_layers=True, max_vram="cuda1=4"),
+             seed_inventory, components={"diffusion": _flux_like()})
+    data = json.loads(p.to_json())
+    comp = data["components"]["diffusion"]
+    (comp["stream"] if key == "host_blocks" else comp)[key] = value
+    with pytest.raises(PlacementError, match=words):
+        Plan.from_dict(data)
