@@ -1,0 +1,303 @@
+"""Batch parallel: shares of one forward's batch run on several devices at once.
+
+    with place_batch(module, plan, "diffusion", inventory) as placed:
+        out = module(x)          # x[:k] on cuda0, x[k:] on cuda1, at the same time
+    placed.stats()
+
+The plan's component has parallel "batch" and two or more runtime devices. Each device
+runs the whole module under its own single-device placement (runtime.place: resident,
+staged or streamed, from the component plan with that device as its runtime) on its own
+structural copy (runtime/shadow.py), so placements never share a Parameter object and
+the caller's module is never hooked. While the context is open, calling `module` cuts
+the batch into contiguous shares proportional to the devices' speeds (equal by default;
+`speeds={device: relative speed}`), runs share 0 in the calling thread and the others
+on one thread per device (CUDA kernels release the GIL; on a simulated device compute
+is CPU work), and concatenates the outputs in order on the first device. A forward
+whose batch is 1 (or smaller than the device count) runs on the fastest device(s) only.
+
+Streamed devices read the same packed host copy: the devices' placements share one
+HostStore, and each later device's copy is made after the first device packed (and,
+where the buffer is pageable, pointed the module's tensors into it), so their sources
+are that buffer and nothing is packed twice (stats: host_pack_bytes per device).
+
+Leaving the context (normally, after an error, after an interrupt) waits for every
+share still running, leaves each placement, and takes the forward override away: the
+module is as it was (like runtime.place, its streamed weights may now live in the
+packed host copy, same objects and values). One error is raised: the first that
+happened; later ones are attached to it as notes.
+"""
+import copy
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Callable, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from ...placement.errors import PlacementError
+from ...placement.plan import Plan
+from ..hoststore import HostStore
+from ..shadow import Shadow
+from .shares import batch_size, cut, gather, share_counts
+
+
+def device_plan(plan: Plan, component: str, device: str) -> Plan:
+    """The single-device plan one device of a batch-parallel component runs: the same
+    residency and streaming, with `device` as the runtime (and as the params device when
+    the weights were planned resident on the runtime devices)."""
+    cp = plan.components[component]
+    params = device if cp.params in cp.runtime else cp.params
+    one = replace(cp, runtime=[device], params=params, parallel="none", blocks={},
+                  stream=copy.deepcopy(cp.stream), reasons=list(cp.reasons))
+    return Plan(plan.devices, {component: one}, [], plan.version, dict(plan.extra))
+
+
+def _check(plan, component: str, inventory) -> List[str]:
+    cp = plan.components.get(component)
+    if cp is None:
+        raise PlacementError(f"plan has no component {component!r}; it has: "
+                             f"{', '.join(plan.components) or 'none'}")
+    if cp.parallel != "batch":
+        raise PlacementError(f"{component}: plan has parallel {cp.parallel!r}; batch "
+                             f"parallel runs plans with parallel 'batch' (use place())")
+    if len(cp.runtime) < 2:
+        raise PlacementError(f"{component}: batch parallel needs two or more runtime "
+                             f"devices, plan gives {'&'.join(cp.runtime) or 'none'}; e.g. "
+                             f"backend {component}=cuda0&cuda1")
+    for name in cp.runtime:
+        inventory.get(name)                     # an unknown device: its own error
+    return list(cp.runtime)
+
+
+class BatchPlaced:
+    def __init__(self, module: nn.Module, plan, component: str, inventory, *,
+                 speeds: Optional[Dict[str, float]] = None, link=None,
+                 links: Optional[Dict[str, object]] = None, host_store=None,
+                 repoint: Optional[Callable] = None, **options):
+        self.devices = _check(plan, component, inventory)
+        self.module = module
+        self.plan = plan
+        self.component = component
+        self.inventory = inventory
+        speeds = dict(speeds or {})
+        unknown = set(speeds) - set(self.devices)
+        if unknown:
+            raise PlacementError(f"speeds name {', '.join(sorted(unknown))}, not runtime "
+                                 f"devices of {component} ({', '.join(self.devices)})")
+        self.weights = [float(speeds.get(d, 1.0)) for d in self.devices]
+        share_counts(0, self.weights)           # validates the speeds
+        self.links = {d: (links or {}).get(d, link) for d in self.devices}
+        self.own_store = host_store is None
+        self.store = HostStore() if host_store is None else host_store
+        self.outer_repoint = repoint            # module tensor -> the caller's original
+        self.options = options
+        self.placed: List = []
+        self.shadows: List[Shadow] = []
+        self.pool: Optional[ThreadPoolExecutor] = None
+        self.items = {d: 0 for d in self.devices}
+        self.last_shares = {d: 0 for d in self.devices}
+        self.forwards = 0
+        self.threads_seen = {d: set() for d in self.devices}
+        self._override = False
+        self._had_forward = False
+        self._final = None
+        self._lock = threading.Lock()
+
+    # -- context -------------------------------------------------------------------------
+    def __enter__(self) -> "BatchPlaced":
+        from ..place import place
+        try:
+            for i, d in enumerate(self.devices):
+                # made after the previous device packed the host copy: its tensors are
+                # the packed buffer (pageable) or the originals the store keyed it by
+                shadow = Shadow(self.module)
+                repoint = self._chained_repoint(shadow) if i == 0 else None
+                placed = place(shadow.module, device_plan(self.plan, self.component, d),
+                               self.component, self.inventory, link=self.links[d],
+                               host_store=self.store, repoint=repoint, **self.options)
+                placed.__enter__()
+                self.shadows.append(shadow)
+                self.placed.append(placed)
+            self.pool = ThreadPoolExecutor(max_workers=len(self.devices) - 1,
+                                           thread_name_prefix="placement-batch")
+            self._install()
+        except BaseException as exc:
+            self._teardown(exc)
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._teardown(exc)
+        return False
+
+    def _chained_repoint(self, shadow: Shadow):
+        """Point the module's tensor (and, with an outer repoint, the caller's original
+        behind it) into the packed host buffer: one host copy for every device."""
+        outer = self.outer_repoint
+
+        def repoint(t, view):
+            original = shadow.original_of(t)
+            done = shadow.repoint(t, view)
+            if done and outer is not None and original is not None:
+                outer(original, view)
+            return done
+        return repoint
+
+    def _install(self) -> None:
+        self._had_forward = "forward" in self.module.__dict__
+        self._saved_forward = self.module.__dict__.get("forward")
+        self.module.forward = self.forward
+        self._override = True
+
+    def _uninstall(self) -> None:
+        if not self._override:
+            return
+        if self._had_forward:
+            self.module.forward = self._saved_forward
+        else:
+            del self.module.__dict__["forward"]
+        self._override = False
+
+    def _teardown(self, exc) -> None:
+        """Leave every placement (last first); the first error wins, later ones are
+        noted on it. Raises a teardown error only when nothing else is in flight."""
+        first = exc
+        raised = None
+        self._uninstall()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+        for placed in reversed(self.placed):
+            try:
+                placed.__exit__(None, None, None)
+            except BaseException as second:
+                if first is None:
+                    first = raised = second
+                elif hasattr(first, "add_note"):
+                    first.add_note(f"during the batch-parallel teardown: {second!r}")
+        self._final = self._stats_now()
+        self.placed, self.shadows = [], []
+        if self.own_store:
+            self.store.clear()
+        if raised is not None:
+            raise raised
+
+    # -- the forward ---------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        if not self.placed:
+            raise PlacementError(f"{self.component}: batch-parallel placement is not open")
+        batch = batch_size(args, kwargs)
+        counts = share_counts(batch or 1, self.weights) if batch else \
+            [1] + [0] * (len(self.devices) - 1)
+        jobs, start = [], 0
+        for i, n in enumerate(counts):
+            if n:
+                jobs.append((i, start, start + n))
+                start += n
+        self.forwards += 1
+        self.last_shares = {d: 0 for d in self.devices}
+        for i, a, b in jobs:
+            self.last_shares[self.devices[i]] = b - a
+            self.items[self.devices[i]] += b - a
+        if len(jobs) == 1:
+            i = jobs[0][0]
+            self._seen(i)
+            return self.shadows[i].module(*args, **kwargs)
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        errors: List[tuple] = []
+        outputs: List = [None] * len(jobs)
+
+        def run(slot, i, a, b, in_caller):
+            try:
+                share_args = cut(args, batch, a, b)
+                share_kwargs = cut(kwargs, batch, a, b)
+                if in_caller:
+                    outputs[slot] = self._run_share(i, share_args, share_kwargs)
+                    return
+                grad, inference = modes
+                with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                    outputs[slot] = self._run_share(i, share_args, share_kwargs)
+            except BaseException as e:          # noqa: B902 - re-raised by the caller
+                with self._lock:
+                    errors.append((time.perf_counter(), slot, e))
+
+        futures = [self.pool.submit(run, slot, i, a, b, False)
+                   for slot, (i, a, b) in enumerate(jobs) if slot > 0]
+        i, a, b = jobs[0]
+        run(0, i, a, b, True)
+        interrupt = self._wait(futures)
+        if interrupt is not None:
+            errors.append((time.perf_counter(), -1, interrupt))
+        if errors:
+            errors.sort(key=lambda e: (e[0], e[1]))
+            first = errors[0][2]
+            for _, slot, later in errors[1:]:
+                if later is not first and hasattr(first, "add_note"):
+                    first.add_note(f"batch parallel: share {slot} also failed: {later!r}")
+            raise first
+        return gather(outputs, self._main_device())
+
+    def _run_share(self, i: int, args, kwargs):
+        self._seen(i)
+        return self.shadows[i].module(*args, **kwargs)
+
+    def _seen(self, i: int) -> None:
+        with self._lock:
+            self.threads_seen[self.devices[i]].add(threading.get_ident())
+
+    @staticmethod
+    def _wait(futures) -> Optional[BaseException]:
+        """Wait for every share, also through an interrupt (a share still running must
+        not meet a teardown); the interrupt is returned to be raised after."""
+        pending = None
+        for f in futures:
+            while True:
+                try:
+                    f.result()
+                    break
+                except BaseException as exc:    # a KeyboardInterrupt while waiting
+                    if f.done():
+                        break
+                    pending = pending or exc
+        return pending
+
+    def _main_device(self) -> Optional[torch.device]:
+        target = getattr(self.placed[0], "target", None)
+        return None if target is None else target.device
+
+    # -- stats ---------------------------------------------------------------------------
+    def _stats_now(self) -> dict:
+        per = {d: p.stats() for d, p in zip(self.devices, self.placed)} if self.placed \
+            else {}
+        devices = {}
+        for s in per.values():
+            devices.update(s.get("devices", {}))
+        return {"devices": devices, "hops": 0, "hop_bytes": 0, "parallel": "batch",
+                "runtime": list(self.devices), "speeds": dict(zip(self.devices, self.weights)),
+                "forwards": self.forwards, "items": dict(self.items),
+                "last_shares": dict(self.last_shares),
+                "threads": {d: len(t) for d, t in self.threads_seen.items()},
+                "host_pack_bytes": sum(s.get("host_pack_bytes", 0) for s in per.values()),
+                "per_device": per}
+
+    def stats(self) -> dict:
+        if self.placed:
+            return self._stats_now()
+        if self._final is None:
+            raise PlacementError("stats() before the placement was entered")
+        return self._final
+
+
+def place_batch(module: nn.Module, plan, component: str, inventory, **options) -> BatchPlaced:
+    """Run `module` batch-parallel over the component's runtime devices (see the module
+    docstring). Options: speeds ({device: relative speed}), link (simdevice.Link for
+    every simulated device) or links ({device: Link}), host_store (a HostStore shared by
+    the devices and kept by the caller), repoint (maps the module's tensors to the
+    caller's originals, e.g. a Shadow's repoint when `module` is itself a copy), and
+    runtime.place's options (blocks, weights_file, key_map, max_pinned_bytes)."""
+    return BatchPlaced(module, plan, component, inventory, **options)
