@@ -34,6 +34,7 @@ WHAT = {
     "peer_params": "weights resting on another GPU than the one computing",
     "simulated": "a simulated device",
     "lora_runtime": "runtime LoRA (lora_mode runtime)",
+    "batch_parallel": "batch parallel over several devices (parallel batch)",
 }
 CAPABILITIES = tuple(WHAT)
 
@@ -47,7 +48,7 @@ _PATCHER = frozenset({"cpu_params", "peer_params"})
 TABLE: Dict[str, Dict[str, FrozenSet[str]]] = {
     # runtime.place runs every component; row split reads shards from memory and does
     # not stream; params rest on cpu, disk or the runtime device (runtime/place.py).
-    "runtime": {comp: _ENGINE for comp in COMPONENTS},
+    "runtime": {comp: _ENGINE | {"batch_parallel"} for comp in COMPONENTS},
     # runtime/comfy: the engine runs diffusion and te fully and the VAE whole on one
     # device (disk, simulated); everything else goes through ComfyUI's patchers.
     "comfyui": {
@@ -91,7 +92,11 @@ def _simulated(inventory, name: str) -> bool:
 def needs(cp, inventory) -> List[str]:
     """The capabilities a ComponentPlan uses, in a stable order."""
     out = []
-    if cp.is_split:
+    if cp.parallel == "batch":          # whole on each device: no split of the weights
+        out.append("batch_parallel")
+        if cp.stream is not None:
+            out.append("stream")
+    elif cp.is_split:
         out.append(f"{cp.split_mode}_split")
         if cp.stream is not None:
             out.append("split_stream" if cp.split_mode == "layer" else "row_split_stream")

@@ -27,6 +27,7 @@ class Choice:
     runtime: Optional[List[str]]      # device names (len > 1: a split); None: unset
     params: Optional[str]             # device name | 'cpu' | 'disk'; None: unset
     split_mode: Optional[str]         # 'layer' | 'row'; None: unset
+    parallel: Optional[str] = None    # 'batch' | 'none'; None: unset (none)
 
 
 @dataclass
@@ -90,7 +91,8 @@ def resolve_request(spec: PlacementSpec, inventory: Inventory, strict: bool = Tr
         if params_token not in (None, "disk"):
             params = _resolve_name(inventory, params_token, strict,
                                    f"params backend for {comp}", warnings)
-        choices[comp] = Choice(runtime, params, spec.split.for_component(comp))
+        choices[comp] = Choice(runtime, params, spec.split.for_component(comp),
+                               spec.parallelism.for_component(comp))
 
     budgets: Dict[str, Optional[int]] = {d.name: None for d in inventory.devices}
     if spec.budgets.default is not None:       # a bare number: every accelerator
@@ -145,6 +147,8 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
     for comp, cp in pins.items():
         request.choices[comp] = Choice(list(cp.runtime), cp.params, cp.split_mode)
     if spec.auto_fit:
+        from .parallel import refuse_with_auto_fit
+        refuse_with_auto_fit(request)
         from .fit import FitOptions, fit
         options = FitOptions(offload_mode=spec.offload_mode, resolution=resolution,
                              frames=frames, batch=batch, executor=executor, **fit_options)
@@ -198,8 +202,11 @@ def explicit_plan(request: Request, inventory: Inventory, infos) -> Plan:
         cp = ComponentPlan(comp, runtime, params, choice.split_mode or "layer",
                            present=info is not None,
                            total_bytes=info.total_bytes if info else 0, reasons=reasons)
+        if choice.parallel == "batch":
+            from .parallel import batch_parallel
+            batch_parallel(cp)
         _streaming(cp, request, inventory, info)
-        if cp.is_split:
+        if cp.is_split and cp.parallel != "batch":
             _split_ranges(cp, request, inventory, info)
         _sizes(cp, info)
         comps[comp] = cp
@@ -227,7 +234,11 @@ def _streaming(cp: ComponentPlan, request: Request, inventory: Inventory, info) 
         cp.reasons.append("stream_layers needs weights off the device: params -> cpu")
     resident = 0
     budget = request.budgets.get(cp.main_device)
-    if info is not None and info.blocks and budget is not None and not cp.is_split:
+    if cp.parallel == "batch":               # every device streams: the smallest budget
+        from .parallel import smallest_budget
+        budget = smallest_budget(cp, request.budgets)
+    if info is not None and info.blocks and budget is not None and \
+            (not cp.is_split or cp.parallel == "batch"):
         from .fit import stream_prefix
         resident = stream_prefix(info, budget, DEFAULT_PREFETCH_DEPTH)[0]
     cp.stream = StreamPlan(resident, DEFAULT_PREFETCH_DEPTH)
@@ -267,6 +278,8 @@ def _sizes(cp: ComponentPlan, info) -> None:
 def _device_shares(cp: ComponentPlan, info) -> Dict[str, int]:
     """Bytes a component holds on each device while it runs (a split: its ranges' blocks,
     the main device also the non-block weights)."""
+    if cp.parallel == "batch":               # a whole copy (or stream) on every device
+        return {d: cp.resident_bytes for d in cp.runtime}
     if not (cp.is_split and cp.blocks and info is not None and info.blocks):
         return {cp.main_device: cp.resident_bytes}
     share = {d: sum(b.nbytes for b in info.blocks[r[0]:r[1] + 1]) for d, r in cp.blocks.items()}

@@ -6,6 +6,12 @@ also set the default; module names are case-insensitive with '-' and '_' ignored
 A later entry for the same key wins, and a module's own entry beats the default
 whatever the order (this is how the compatibility flags' prepending works).
 
+Parallelism uses the same grammar: `parallel` (none | batch, a default or per module),
+and `batch` is also accepted as a split mode (`split_mode diffusion=batch`), so a text
+input that carries split modes carries it: a component whose runtime names several
+devices (`a&b`) then runs whole on each of them, with shares of the batch at once,
+instead of being split by layers or rows.
+
 Parsing here is syntax only; device names are resolved against an inventory by
 placement.resolve, so a spec can be written for hardware that is not present.
 """
@@ -20,6 +26,7 @@ from .units import ACCEPTED as BYTES_ACCEPTED, parse_bytes
 
 DEFAULT_KEYS = ("all", "default", "*")
 SPLIT_MODES = ("layer", "row")
+PARALLEL_MODES = ("none", "batch")
 OFFLOAD_MODES = ("auto", "none", "model", "balanced", "sequential")
 LORA_MODES = ("auto", "fuse", "runtime")
 _DEVICE_TOKEN = re.compile(r"^[a-z][a-z0-9]*(?::\d+)?$|^[a-z][a-z0-9.]*$")
@@ -129,9 +136,44 @@ def parse_split_value(raw: str) -> Optional[str]:
     name = raw.strip().lower()
     if name in DEFAULT_TOKENS:
         return None
-    if name not in SPLIT_MODES:
-        raise PlacementError(f"invalid split mode {raw.strip()!r}; expected layer or row")
+    if name not in SPLIT_MODES + ("batch",):
+        raise PlacementError(f"invalid split mode {raw.strip()!r}; expected layer or row, "
+                             f"or batch (batch parallel)")
     return name
+
+
+def parse_parallel_value(raw: str) -> Optional[str]:
+    name = raw.strip().lower()
+    if name in DEFAULT_TOKENS:
+        return None
+    if name not in PARALLEL_MODES:
+        raise PlacementError(f"invalid parallel {raw.strip()!r}; expected none or batch")
+    return name
+
+
+def _batch_from_split(split: Assignment, parallel: Assignment) -> Tuple[Assignment, Assignment]:
+    """`batch` given as a split mode moves to the parallel assignment (it is no split of
+    the weights); a module with a layer/row split and parallel batch both set is refused."""
+    def batch(v):
+        return v == "batch"
+    for key, value in parallel.modules.items():
+        if value == "batch" and split.modules.get(key) in SPLIT_MODES:
+            raise PlacementError(f"{key}: split_mode {split.modules[key]} and parallel batch "
+                                 f"both set; batch parallel runs the whole {key} on each "
+                                 f"device: set one of them")
+    modules = dict(parallel.modules)
+    for key, value in split.modules.items():
+        if batch(value):
+            if parallel.modules.get(key) == "none":
+                raise PlacementError(f"{key}: split_mode batch and parallel none both set; "
+                                     f"set one of them")
+            modules[key] = "batch"
+    default = parallel.default
+    if batch(split.default) and default is None:
+        default = "batch"
+    split_out = Assignment(None if batch(split.default) else split.default,
+                           {k: v for k, v in split.modules.items() if not batch(v)})
+    return split_out, Assignment(default, modules)
 
 
 def _parse_budget_value(raw: str) -> int:
@@ -193,18 +235,19 @@ class PlacementSpec:
 
     FIELDS = ("backend", "params_backend", "max_vram", "split_mode", "stream_layers",
               "auto_fit", "offload_to_cpu", "clip_on_cpu", "vae_on_cpu", "control_net_cpu",
-              "offload_mode", "lora_mode")
+              "offload_mode", "lora_mode", "parallel")
 
     def __init__(self, backend: str = "", params_backend: str = "", max_vram="",
                  split_mode: str = "", stream_layers: bool = False, auto_fit: bool = False,
                  offload_to_cpu: bool = False, clip_on_cpu: bool = False,
                  vae_on_cpu: bool = False, control_net_cpu: bool = False,
-                 offload_mode: str = "auto", lora_mode: str = "auto"):
+                 offload_mode: str = "auto", lora_mode: str = "auto", parallel: str = ""):
         self.backend = _text(backend, "backend")
         self.params_backend = _text(params_backend, "params_backend")
         self.max_vram = max_vram if isinstance(max_vram, (int, float)) and \
             not isinstance(max_vram, bool) else _text(max_vram, "max_vram")
         self.split_mode = _text(split_mode, "split_mode")
+        self.parallel = _text(parallel, "parallel")
         self.stream_layers = _flag(stream_layers, "stream_layers")
         self.auto_fit = _flag(auto_fit, "auto_fit")
         self.offload_to_cpu = _flag(offload_to_cpu, "offload_to_cpu")
@@ -230,7 +273,9 @@ class PlacementSpec:
         self.runtime = _parse(self.backend, "backend", parse_runtime_value, runtime_prefix)
         self.params = _parse(self.params_backend, "params backend", parse_params_value,
                              params_prefix)
-        self.split = _parse(self.split_mode, "split mode", parse_split_value)
+        self.split, self.parallelism = _batch_from_split(
+            _parse(self.split_mode, "split mode", parse_split_value),
+            _parse(self.parallel, "parallel", parse_parallel_value))
         self.budgets = parse_budgets(self.max_vram)
 
     def to_dict(self) -> dict:
@@ -255,5 +300,5 @@ class PlacementSpec:
         return f"PlacementSpec({set_fields})"
 
 
-__all__ = ["PlacementSpec", "Assignment", "SPLIT_MODES", "OFFLOAD_MODES", "LORA_MODES", "COMPONENTS",
+__all__ = ["PlacementSpec", "Assignment", "SPLIT_MODES", "PARALLEL_MODES", "OFFLOAD_MODES", "LORA_MODES", "COMPONENTS",
            "BYTES_ACCEPTED"]

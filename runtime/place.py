@@ -42,6 +42,9 @@ def place(module: nn.Module, plan, component: str, inventory, **options):
     A plan whose runtime lists several devices runs on the split runtime (runtime/split,
     more options there)."""
     comp = plan.components.get(component)
+    if comp is not None and comp.parallel == "batch":     # whole on each device (parallel/)
+        from .parallel import place_batch
+        return place_batch(module, plan, component, inventory, **options)
     if comp is not None and comp.is_split:
         from .split import place_split
         return place_split(module, plan, component, inventory, **options)

@@ -259,3 +259,23 @@ def test_plans_it_cannot_run_are_one_line_errors(plan, match, tiny, sim_inventor
         place_batch(model, plan, "diffusion", sim_inventory)
     with pytest.raises(PlacementError, match="not runtime devices"):
         place_batch(model, batch_plan(), "diffusion", sim_inventory, speeds={"cuda7": 1})
+
+
+def test_spec_to_plan_to_place_runs_batch_parallel(tiny):
+    """The user's words end to end: backend a&b with split_mode batch, through place()."""
+    from comfyui_placement import PlacementSpec, place, plan
+    from comfyui_placement.placement.devices import Inventory
+    inv = Inventory.simulated("cuda0=256MiB,cuda1=256MiB")
+    model, inp = tiny("wan")
+    inp = batched(inp, 2)
+    ref = run(model, inp)
+    spec = PlacementSpec(backend="diffusion=cuda0&cuda1", split_mode="diffusion=batch",
+                         stream_layers=True)
+    p = plan(spec, inv, {"diffusion": model})
+    with place(model, p, "diffusion", inv) as placed:
+        out = run(model, inp)
+    assert isinstance(placed, BatchPlaced)
+    s = placed.stats()
+    assert s["items"] == {"cuda0": 1, "cuda1": 1}
+    assert all(v["mode"] == "stream" for v in s["per_device"].values())
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

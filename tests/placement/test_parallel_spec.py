@@ -1,0 +1,73 @@
+"""`parallel batch` in the spec (a `parallel` field, or `batch` as a split mode) and in the
+explicit plan (ComponentPlan.parallel, the devices in runtime); nonsense refused."""
+import pytest
+import torch
+
+from comfyui_placement.placement import Inventory, PlacementSpec, plan
+from comfyui_placement.placement.capabilities import check_component, needs
+from comfyui_placement.placement.errors import PlacementError
+from comfyui_placement.placement.plan import Plan
+
+INV = "cuda0=8GiB,cuda1=8GiB,cpu=32GiB"
+
+
+@pytest.mark.parametrize("fields", [{"split_mode": "diffusion=batch"},
+                                    {"parallel": "diffusion=batch"},
+                                    {"parallel": "batch", "split_mode": "te=layer"},
+                                    {"split_mode": "batch"}])
+def test_grammar_both_ways(fields):
+    spec = PlacementSpec(**fields)
+    assert spec.parallelism.for_component("diffusion") == "batch"
+    assert spec.split.for_component("diffusion") in (None, "layer")   # no split of weights
+    assert PlacementSpec.from_dict(spec.to_dict()) == spec
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"parallel": "fast"}, "invalid parallel 'fast'; expected none or batch"),
+    ({"split_mode": "diffusion=pipe"}, "expected layer or row, or batch"),
+    ({"split_mode": "diffusion=row", "parallel": "diffusion=batch"}, "both set"),
+    ({"split_mode": "diffusion=batch", "parallel": "diffusion=none"}, "both set"),
+    ({"parallel": 2}, "parallel must be a string"),
+])
+def test_nonsense_is_one_line_error(fields, match):
+    with pytest.raises(PlacementError, match=match) as info:
+        PlacementSpec(**fields)
+    assert "\n" not in str(info.value)
+
+
+def test_explicit_plan_puts_it_in_the_plan_with_both_devices():
+    inv = Inventory.simulated(INV)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+    p = plan(PlacementSpec(backend="diffusion=cuda0&cuda1", split_mode="diffusion=batch",
+                           params_backend="diffusion=cpu", stream_layers=True,
+                           max_vram="1"),
+             inv, {"diffusion": model})
+    cp = p.components["diffusion"]
+    assert cp.parallel == "batch" and cp.runtime == ["cuda0", "cuda1"] and cp.blocks == {}
+    assert cp.stream is not None and any("batch parallel" in r for r in cp.reasons)
+    assert needs(cp, inv)[:4] == ["batch_parallel", "stream", "cpu_params", "simulated"]
+    again = Plan.from_json(p.to_json())
+    assert again.components["diffusion"].parallel == "batch"
+    # every device holds its own copy: both are planned for it
+    whole = plan(PlacementSpec(backend="diffusion=cuda0&cuda1", parallel="diffusion=batch"),
+                 inv, {"diffusion": model})
+    size = whole.components["diffusion"].total_bytes
+    assert whole.device("cuda0").planned_bytes == whole.device("cuda1").planned_bytes == size
+    assert p.components["te"].parallel == "none"
+
+
+def test_one_device_or_auto_fit_is_refused():
+    inv = Inventory.simulated(INV)
+    with pytest.raises(PlacementError, match="two or more runtime devices"):
+        plan(PlacementSpec(backend="diffusion=cuda0", parallel="diffusion=batch"), inv)
+    with pytest.raises(PlacementError, match="not decided by auto_fit"):
+        plan(PlacementSpec(backend="diffusion=cuda0&cuda1", parallel="diffusion=batch",
+                           auto_fit=True), inv)
+
+
+def test_the_comfyui_executor_runs_it_for_the_diffusion_model_only():
+    inv = Inventory.simulated(INV)
+    p = plan(PlacementSpec(backend="te=cuda0&cuda1", parallel="te=batch"), inv)
+    with pytest.raises(PlacementError, match="batch parallel over several devices"):
+        check_component(p.components["te"], inv, "comfyui")
+    check_component(p.components["te"], inv, "runtime")
