@@ -52,7 +52,7 @@ TABLE: Dict[str, Dict[str, FrozenSet[str]]] = {
     # runtime/comfy: the engine runs diffusion and te fully and the VAE whole on one
     # device (disk, simulated); everything else goes through ComfyUI's patchers.
     "comfyui": {
-        "diffusion": _ENGINE | _PATCHER,
+        "diffusion": _ENGINE | _PATCHER | {"batch_parallel"},   # runtime/comfy/batch_parallel
         "te": _ENGINE | _PATCHER,
         "vae": frozenset({"disk", "simulated"}) | _PATCHER,
         "controlnet": _PATCHER,

@@ -170,16 +170,20 @@ class EngineSession:
         log.info("placement %s: device memory given back to ComfyUI (room asked on %s)",
                  self.component, device)
 
+    def place_options(self, module) -> dict:
+        """runtime.place options every placement of `module` needs (params disk: the file)."""
+        if self.plan.components[self.component].params != "disk":
+            return {}
+        if not self.weights_file:
+            raise PlacementError(f"{self.component}: params disk needs the model's file "
+                                 f"and this MODEL does not come from a core loader "
+                                 f"that records it (Load Diffusion Model, Load "
+                                 f"Checkpoint); use params cpu")
+        return {"weights_file": self.weights_file,
+                "key_map": file_key_map(self.weights_file, module)}
+
     def open(self, module) -> None:
-        options = {}
-        if self.plan.components[self.component].params == "disk":
-            if not self.weights_file:
-                raise PlacementError(f"{self.component}: params disk needs the model's file "
-                                     f"and this MODEL does not come from a core loader "
-                                     f"that records it (Load Diffusion Model, Load "
-                                     f"Checkpoint); use params cpu")
-            options = {"weights_file": self.weights_file,
-                       "key_map": file_key_map(self.weights_file, module)}
+        options = self.place_options(module)
         cp = self.plan.components[self.component]
         shadow = Shadow(module)              # the engine places a copy, never `module`
         # row split: ComfyUI's LoRA patches on the sharded Linears go in as lora= (row_lora)
@@ -237,7 +241,8 @@ def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
                              "does not come from a core loader that records it (Load "
                              "Diffusion Model, Load Checkpoint); use params cpu")
     clone, notes = engine_clone(model, load, torch.device("cpu"), "diffusion")
-    session = EngineSession(plan, "diffusion", inventory, weights_file)
+    from .batch_parallel import describe, session_class     # parallel batch: its session
+    session = session_class(cp)(plan, "diffusion", inventory, weights_file)
     clone.set_attachments(KEY, session)
     clone.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, KEY, session.outer_sample)
     clone.add_wrapper_with_key(ext.WrappersMP.APPLY_MODEL, KEY, session.apply_model)
@@ -249,7 +254,9 @@ def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
     on = "&".join(cp.runtime)
     mode = ("streamed" if cp.stream is not None else "placed") + \
         f" by the pack's engine on {on}"
-    if cp.is_split:
+    if cp.parallel == "batch":
+        notes.append(describe(cp))
+    elif cp.is_split:
         mode += f" ({cp.split_mode} split, main device {cp.main_device})"
     if cp.stream is not None:
         mode += (f" (first {cp.stream.resident_blocks} blocks resident, prefetch depth "

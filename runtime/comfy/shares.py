@@ -63,7 +63,12 @@ def planned_shares(plan, component: str, inventory, module) -> Tuple[Dict[str, i
         return {d: held.get(d, 0) for d in gpus}, "auto-fit held bytes less headroom"
     caps = [_capacity(plan, inventory, d) for d in cp.runtime]
     headroom = [0] * len(cp.runtime)          # explicit plans: the engine reserves none
-    if cp.is_split and cp.split_mode == "row":
+    if cp.parallel == "batch":       # a whole placement on every device (batch_parallel.py)
+        from .batch_parallel import planned_bytes
+        sizes = planned_bytes(cp, _one_device_bytes(cp, module))
+        basis = "batch parallel: " + ("resident blocks + ring slots" if cp.stream
+                                      else "whole model") + " on each device"
+    elif cp.is_split and cp.split_mode == "row":
         from ...runtime.split.row import RowSplit
         if RowSplit.applies(module, None):
             sizes = _row_split_bytes(module, caps, headroom)

@@ -54,6 +54,11 @@ def device_plan(plan: Plan, component: str, device: str) -> Plan:
     return Plan(plan.devices, {component: one}, [], plan.version, dict(plan.extra))
 
 
+def cut_all(args, kwargs, batch: int, start: int, stop: int):
+    """The default cut: every tensor whose leading size is the batch (shares.cut)."""
+    return cut(args, batch, start, stop), cut(kwargs, batch, start, stop)
+
+
 def _check(plan, component: str, inventory) -> List[str]:
     cp = plan.components.get(component)
     if cp is None:
@@ -75,7 +80,8 @@ class BatchPlaced:
     def __init__(self, module: nn.Module, plan, component: str, inventory, *,
                  speeds: Optional[Dict[str, float]] = None, link=None,
                  links: Optional[Dict[str, object]] = None, host_store=None,
-                 repoint: Optional[Callable] = None, **options):
+                 repoint: Optional[Callable] = None, cut_inputs: Optional[Callable] = None,
+                 **options):
         self.devices = _check(plan, component, inventory)
         self.module = module
         self.plan = plan
@@ -92,6 +98,7 @@ class BatchPlaced:
         self.own_store = host_store is None
         self.store = HostStore() if host_store is None else host_store
         self.outer_repoint = repoint            # module tensor -> the caller's original
+        self.cut_inputs = cut_inputs or cut_all
         self.options = options
         self.placed: List = []
         self.shadows: List[Shadow] = []
@@ -214,8 +221,7 @@ class BatchPlaced:
 
         def run(slot, i, a, b, in_caller):
             try:
-                share_args = cut(args, batch, a, b)
-                share_kwargs = cut(kwargs, batch, a, b)
+                share_args, share_kwargs = self.cut_inputs(args, kwargs, batch, a, b)
                 if in_caller:
                     outputs[slot] = self._run_share(i, share_args, share_kwargs)
                     return
@@ -298,6 +304,9 @@ def place_batch(module: nn.Module, plan, component: str, inventory, **options) -
     docstring). Options: speeds ({device: relative speed}), link (simdevice.Link for
     every simulated device) or links ({device: Link}), host_store (a HostStore shared by
     the devices and kept by the caller), repoint (maps the module's tensors to the
-    caller's originals, e.g. a Shadow's repoint when `module` is itself a copy), and
+    caller's originals, e.g. a Shadow's repoint when `module` is itself a copy),
+    cut_inputs ((args, kwargs, batch, start, stop) -> a share's (args, kwargs); default
+    cut_all: every tensor whose leading size is the batch, so a tensor that is not
+    per-item but happens to have that size must be kept whole by a cut_inputs), and
     runtime.place's options (blocks, weights_file, key_map, max_pinned_bytes)."""
     return BatchPlaced(module, plan, component, inventory, **options)

@@ -1,0 +1,96 @@
+"""Batch parallel inside ComfyUI's sampling (issue 13): runs inside ComfyUI's own Python
+like comfy_driver.py (whose tiny Flux, test nodes and headless server it reuses), on a
+simulated cuda0 + cuda1, and prints PLACEMENT_BATCH_PARALLEL_RESULTS {json}. Asserts
+nothing: test_batch_parallel.py does."""
+import asyncio
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import comfy_driver as cd  # noqa: E402  (parses the same arguments, starts nothing)
+
+import execution  # noqa: E402
+import server  # noqa: E402
+
+RESULTS = {"errors": []}
+# the tiny Flux is 6.9 MiB: 16 MiB holds it whole on each device, 6 MiB only streamed
+WHOLE = "cuda0=16MiB,cuda1=16MiB"
+SMALL = "cuda0=6MiB,cuda1=6MiB"
+BASE = {"backend": "diffusion=cuda0,vae=cpu"}
+BATCH = {"backend": "diffusion=cuda0&cuda1,vae=cpu", "split_mode": "diffusion=batch"}
+
+
+def session_facts(tag):
+    model = cd.KEPT.get(tag, {}).get("model")
+    session = None if model is None else model.get_attachment("placement")
+    if session is None:
+        return None
+    runs = [{"items": s.get("items"), "threads": s.get("threads"),
+             "forwards": s.get("forwards"), "host_pack_bytes": s.get("host_pack_bytes"),
+             "per_device_pack": {d: v.get("host_pack_bytes") for d, v in
+                                 (s.get("per_device") or {}).items()},
+             "h2d": {d: v.get("h2d_bytes") for d, v in (s.get("devices") or {}).items()},
+             "modes": {d: v.get("mode") for d, v in (s.get("per_device") or {}).items()}}
+            for s in session.run_stats]
+    return {"session": type(session).__name__, "runs": runs,
+            "open": session.placed is not None,
+            "share_bytes": [m.model_size() for m in
+                            model.get_additional_models_with_key("placement_shares")]}
+
+
+async def run(executor, tag, inventory, ref=None, cfg=2.0, **flags):
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = inventory
+    prompt = cd.pipeline(tag=tag, keep_placed=True, **flags)
+    prompt["6"]["inputs"]["cfg"] = cfg
+    record = await cd.run_prompt(executor, prompt, tag)
+    record["session"] = session_facts(tag)
+    if ref is not None:
+        record["image"] = cd.compare(tag, ref)
+    return record
+
+
+async def main():
+    cd.build_models(cd.ARGS.work)
+    await cd.start_comfy(cd.ARGS.pack, cd.ARGS.work)
+    executor = execution.PromptExecutor(server.PromptServer.instance,
+                                        cache_type=execution.CacheType.CLASSIC,
+                                        cache_args={"ram": 16.0, "ram_inactive": 16.0})
+    RESULTS["reference"] = await cd.run_prompt(
+        executor, cd.pipeline(placed=False, tag="reference", keep=True), "reference")
+    loader_model = cd.KEPT["reference"]["model"]
+    weights_before = cd.module_weights(loader_model)
+    state_before = cd.model_state(loader_model)
+    # one device (the engine on simulated cuda0): the single-device run to equal
+    RESULTS["single"] = await run(executor, "single", WHOLE, "reference", **BASE)
+    # CFG (cond + uncond, batch 2): one share per device, resident on each
+    RESULTS["resident"] = await run(executor, "resident", WHOLE, "single", **BATCH)
+    # streamed on each device from one packed host copy
+    RESULTS["single_streamed"] = await run(executor, "single_streamed", SMALL, "reference",
+                                           stream_layers=True, **BASE)
+    RESULTS["streamed"] = await run(executor, "streamed", SMALL, "single_streamed",
+                                    stream_layers=True, **BATCH)
+    # a latent batch of 2 with CFG: 4 items, 2 per device
+    RESULTS["single_batch2"] = await run(executor, "single_batch2", WHOLE, None, batch=2,
+                                         **BASE)
+    RESULTS["batch2"] = await run(executor, "batch2", WHOLE, "single_batch2", batch=2,
+                                  **BATCH)
+    # cfg 1: no uncond pass, a batch of 1 runs on one device
+    RESULTS["single_cfg1"] = await run(executor, "single_cfg1", WHOLE, None, cfg=1.0, **BASE)
+    RESULTS["cfg1"] = await run(executor, "cfg1", WHOLE, "single_cfg1", cfg=1.0, **BATCH)
+    # the loader's MODEL is untouched by all of it
+    RESULTS["loader_weights_same"] = cd.same_weights(weights_before,
+                                                     cd.module_weights(loader_model))
+    RESULTS["loader_state_same"] = state_before == cd.model_state(loader_model)
+    RESULTS["loader_forward_is_class"] = "forward" not in \
+        loader_model.model.diffusion_model.__dict__
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main())
+    except Exception:
+        RESULTS["errors"].append(traceback.format_exc())
+    print("PLACEMENT_BATCH_PARALLEL_RESULTS " + json.dumps(cd.jsonable(RESULTS)))

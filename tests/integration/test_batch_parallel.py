@@ -1,0 +1,73 @@
+"""Batch parallel inside ComfyUI (issue 13): Apply Placement with backend
+diffusion=cuda0&cuda1 and split_mode diffusion=batch runs CFG's cond and uncond (and a
+latent batch) on two simulated devices at once, through the engine's wrappers; the image
+equals the single-device run within float32 rounding, both devices computed, and the
+loader's MODEL is untouched. Driver: batch_parallel_driver.py (real ComfyUI, its own
+tiny Flux)."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import MARKS, run_driver  # noqa: E402
+
+pytestmark = MARKS
+DRIVER = Path(__file__).with_name("batch_parallel_driver.py")
+# The single-device run computes cond and uncond as one batch of 2, the batch-parallel
+# run each on its own device as a batch of 1: a GEMM's blocking depends on its row
+# count, so the sums round differently (float32, ~1e-7 relative per op, two steps).
+ROUNDING = 1e-4
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_driver(DRIVER, "PLACEMENT_BATCH_PARALLEL_RESULTS",
+                      tmp_path_factory.mktemp("batch_parallel"))
+
+
+def ran(record):
+    assert record["valid"], record
+    assert record["success"], record.get("exec_errors")
+    return record
+
+
+@pytest.mark.parametrize("tag,ref,items,mode", [
+    ("resident", "single", 2, "resident"),      # CFG: cond on cuda0, uncond on cuda1
+    ("streamed", "single_streamed", 2, "stream"),
+    ("batch2", "single_batch2", 4, "resident"),  # batch 2 x CFG: 2 items per device
+])
+def test_cfg_batch_split_over_two_devices_equals_one_device(results, tag, ref, items, mode):
+    ran(results[ref])
+    r = ran(results[tag])
+    assert r["image"]["finite"] and r["image"]["std"] > 0.01
+    assert r["image"]["max_abs_diff"] < ROUNDING, r["image"]
+    s = r["session"]
+    assert s["session"] == "BatchParallelSession" and not s["open"]
+    run = s["runs"][-1]
+    steps = run["forwards"]
+    assert steps == 2
+    assert run["items"] == {"cuda0": items, "cuda1": items}      # per forward: half each
+    assert run["threads"] == {"cuda0": 1, "cuda1": 1}             # a thread per device
+    assert run["modes"] == {"cuda0": mode, "cuda1": mode}
+    assert all(b > 0 for b in run["h2d"].values())
+    assert len(s["share_bytes"]) == 2 and s["share_bytes"][0] == s["share_bytes"][1] > 0
+
+
+def test_streamed_devices_read_one_packed_host_copy(results):
+    single = ran(results["single_streamed"])["session"]["runs"][-1]
+    both = ran(results["streamed"])["session"]["runs"][-1]
+    assert single["host_pack_bytes"] > 0
+    # the module's store kept the packed copy: neither device packed it again
+    assert both["per_device_pack"] == {"cuda0": 0, "cuda1": 0}
+
+
+def test_a_batch_of_one_runs_on_one_device(results):
+    r = ran(results["cfg1"])
+    assert r["image"]["equal"], r["image"]                       # the same computation
+    assert r["session"]["runs"][-1]["items"] == {"cuda0": 2, "cuda1": 0}
+
+
+def test_the_loaders_model_is_untouched(results):
+    assert results["loader_weights_same"] and results["loader_state_same"]
+    assert results["loader_forward_is_class"]
