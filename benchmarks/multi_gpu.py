@@ -1,0 +1,236 @@
+"""Do two devices run a batch faster than one? Batch parallel (runtime/parallel) against
+one device, resident and streamed, on simulated devices with modelled links, in one run.
+
+Assumptions, printed with the figures:
+- This machine has no GPU and 2 CPU cores shared with other work, so the headline
+  table models compute as time: every block does a small real matmul (the values) and
+  then holds its thread for `--item-ms` per batch item (the kernel time a GPU would
+  spend; a CUDA host thread likewise waits while its device computes, and two devices
+  compute at the same time). Copies land after the modelled link time (bytes /
+  bandwidth + latency, runtime/simdevice.py), one link per device: each GPU has its
+  own PCIe link, the host memory behind them is assumed not to be the bottleneck.
+- Streamed: every device streams all blocks (K=0, prefetch depth 1) from the one
+  packed host copy; per forward a device takes about max(its compute, its transfers),
+  so the expected speedup is max(C, T) / max(C / 2, T) for a batch split in 2 (C: one
+  device's compute for the whole batch, T: one forward's transfers). The link is set
+  from C by --transfer-shares (T = share x C).
+- The second table runs real compute (a tiny Flux-architecture model from diffusers)
+  with torch threads = 1 per device, so one device uses one core and two devices two
+  cores; on a shared 2-core machine it is noisy and bounded by the cores actually free.
+- Physical floor: two devices cannot do better than half the single-device time
+  (speedup <= 2); a figure past it is flagged as a measurement error.
+Variants are timed in alternating rounds (median shown) so machine noise hits all.
+
+    python benchmarks/multi_gpu.py [--rounds 5] [--batch 2] [--item-ms 2]
+"""
+import argparse
+import copy
+import threading
+import time
+
+import torch
+from torch import nn
+
+from _common import flux, inventory, med
+from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
+from comfyui_placement.runtime import place
+from comfyui_placement.runtime.simdevice import Link
+
+
+class KernelBlock(nn.Module):
+    """A block whose compute time is modelled: the real matmul gives the values, the
+    wait stands for the kernel time of `item_s` per batch item."""
+
+    def __init__(self, width: int, item_s: float):
+        super().__init__()
+        self.proj = nn.Linear(width, width)
+        self.item_s = item_s
+
+    def forward(self, x):
+        y = x + 0.01 * torch.tanh(self.proj(x))
+        time.sleep(self.item_s * x.shape[0])
+        return y
+
+
+class KernelModel(nn.Module):
+    def __init__(self, width: int, depth: int, item_s: float):
+        super().__init__()
+        self.blocks = nn.ModuleList(KernelBlock(width, item_s) for _ in range(depth))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def plan_for(devices, params, stream=None):
+    devs = [DevicePlan(d, "gpu", 64 << 30, 64 << 30, None) for d in devices]
+    cp = ComponentPlan("diffusion", list(devices), params,
+                       parallel="batch" if len(devices) > 1 else "none",
+                       stream=StreamPlan(*stream) if stream else None)
+    return Plan(devs, {"diffusion": cp})
+
+
+def time_rounds(variants, rounds, call, timed=None):
+    """{name: [seconds per forward, one per round]}, variants interleaved per round.
+    `timed(name, model)` runs one variant (default: call(model))."""
+    timed = timed or (lambda name, m: call(m))
+    times = {name: [] for name, *_ in variants}
+    for name, m, _ in variants:
+        timed(name, m)                              # warm up: block order, first loads
+    for _ in range(rounds):
+        for name, m, _ in variants:
+            t0 = time.perf_counter()
+            timed(name, m)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def run_variants(variants, rounds, call):
+    for _, _, placed in variants:
+        placed.__enter__()
+    try:
+        times = time_rounds(variants, rounds, call)
+    finally:
+        for _, _, placed in reversed(variants):
+            placed.__exit__(None, None, None)
+    return times
+
+
+def check(speedup: float) -> str:
+    return "ok" if speedup <= 2.05 else "PAST THE FLOOR: measurement wrong"
+
+
+def modelled_table(args):
+    item_s = args.item_ms / 1e3
+    model = KernelModel(args.width, args.depth, item_s).eval()
+    x = torch.randn(args.batch, args.tokens, args.width)
+    block_bytes = sum(p.numel() * p.element_size() for p in model.blocks[0].parameters())
+    streamed = block_bytes * args.depth
+    compute = item_s * args.batch * args.depth      # one device, the whole batch
+    names = [f"cuda{i}" for i in range(16)]
+    inv = inventory(",".join(f"{n}=64GiB" for n in names))
+    dev = iter(names)
+
+    def call(m):
+        with torch.no_grad():
+            m(x)
+
+    rows = []
+    one, two = next(dev), (next(dev), next(dev))
+    m1, m2 = copy.deepcopy(model), copy.deepcopy(model)
+    variants = [("resident 1", m1, place(m1, plan_for([one], one), "diffusion", inv)),
+                ("resident 2", m2, place(m2, plan_for(two, two[0]), "diffusion", inv))]
+    expected = {"resident": 2.0}
+    exp_t = {}
+    for share in args.transfer_shares:
+        link = Link(bandwidth=streamed / (share * compute), latency=20e-6)
+        for n in (1, 2):
+            devs = [next(dev) for _ in range(n)]
+            m = copy.deepcopy(model)
+            variants.append((f"streamed T={share:g}C {n}", m,
+                             place(m, plan_for(devs, "cpu", (0, 1)), "diffusion", inv,
+                                   link=link)))
+        t = share * compute
+        expected[f"streamed T={share:g}C"] = max(compute, t) / max(compute / 2, t)
+        exp_t[f"streamed T={share:g}C"] = t
+    times = run_variants(variants, args.rounds, call)
+    r1, r2 = med(times["resident 1"]), med(times["resident 2"])
+    for key, exp in expected.items():
+        t1, t2 = med(times[f"{key} 1"]), med(times[f"{key} 2"])
+        # from the measured resident times (compute with its overheads) and the link
+        measured_exp = r1 / r2 if key == "resident" else \
+            max(r1, exp_t[key]) / max(r2, exp_t[key])
+        rows.append((key, t1, t2, t1 / t2, exp, measured_exp))
+    print(f"== modelled compute: {args.depth} blocks x {block_bytes / 2**20:.2f} MiB, "
+          f"{args.item_ms:g} ms per item per block, batch {args.batch} "
+          f"(C = {compute * 1e3:.0f} ms per forward on one device); links: one per device, "
+          f"T = one forward's transfers; {args.rounds} rounds, median")
+    print("ideal: max(C, T) / max(C/2, T) with the modelled C; from resident: the same "
+          "with the measured resident times (compute plus hooks, threads, the real matmul "
+          "and sleep overshoot) in place of C and C/2")
+    print(f"{'variant':>18} {'1 device ms':>12} {'2 devices ms':>13} {'speedup':>8} "
+          f"{'ideal':>6} {'from resident':>14}  floor check")
+    for key, t1, t2, s, exp, mexp in rows:
+        print(f"{key:>18} {t1 * 1e3:>12.1f} {t2 * 1e3:>13.1f} {s:>8.2f} {exp:>6.2f} "
+              f"{mexp:>14.2f}  {check(s)}")
+
+
+def real_table(args):
+    torch.set_num_threads(1)           # one core per device (the per-device threads too)
+    model, inp = flux(args.flux_hidden, max(1, args.flux_hidden // 64), 2, 4,
+                      args.flux_tokens)
+    g = torch.Generator().manual_seed(0)
+    batched = dict(inp)
+    for k in ("hidden_states", "encoder_hidden_states", "pooled_projections"):
+        v = inp[k]
+        batched[k] = torch.randn((args.batch,) + tuple(v.shape[1:]), generator=g)
+    batched["timestep"] = torch.full((args.batch,), 0.5)
+    inv = inventory("cuda0=64GiB,cuda1=64GiB,cuda2=64GiB")
+
+    def call(m):
+        with torch.no_grad():
+            m(**batched)
+
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    variants = [("1 device", a, place(a, plan_for(["cuda0"], "cuda0"), "diffusion", inv)),
+                ("2 devices", b, place(b, plan_for(["cuda1", "cuda2"], "cuda1"), "diffusion",
+                                       inv))]
+    variants.append(("matmul x2 serial", None, None))
+    variants.append(("matmul x2 threads", None, None))
+    a_ = torch.randn(512, 512)
+
+    def matmuls():
+        for _ in range(24):
+            a_ @ a_
+
+    def timed(name, m):
+        if name == "matmul x2 serial":
+            matmuls(), matmuls()
+        elif name == "matmul x2 threads":        # what two free cores give right now
+            th = threading.Thread(target=matmuls)
+            th.start()
+            matmuls()
+            th.join()
+        else:
+            call(m)
+    for _, _, placed in variants[:2]:
+        placed.__enter__()
+    try:
+        times = time_rounds(variants, args.rounds, None, timed)
+    finally:
+        for _, _, placed in reversed(variants[:2]):
+            placed.__exit__(None, None, None)
+    t1, t2 = med(times["1 device"]), med(times["2 devices"])
+    ceiling = med(times["matmul x2 serial"]) / med(times["matmul x2 threads"])
+    print(f"== real compute on CPU cores: tiny Flux (hidden {args.flux_hidden}, "
+          f"{args.flux_tokens} image tokens), batch {args.batch}, resident, torch threads 1 "
+          f"per device, {args.rounds} rounds, median (2 shared cores: noisy)")
+    print(f"{'1 device ms':>12} {'2 devices ms':>13} {'speedup':>8} {'2-thread ceiling':>17}"
+          f"  floor check")
+    print(f"{t1 * 1e3:>12.1f} {t2 * 1e3:>13.1f} {t1 / t2:>8.2f} {ceiling:>17.2f}  "
+          f"{check(t1 / t2)}")
+    print("2-thread ceiling: plain 512x512 matmuls on two threads vs one after the other, "
+          "interleaved with the rounds: the parallelism the shared cores gave at the time")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=2, help="CFG: cond + uncond = 2")
+    ap.add_argument("--width", type=int, default=512)
+    ap.add_argument("--depth", type=int, default=12)
+    ap.add_argument("--tokens", type=int, default=4)
+    ap.add_argument("--item-ms", type=float, default=2.0)
+    ap.add_argument("--transfer-shares", type=float, nargs="+", default=[0.25, 1.0])
+    ap.add_argument("--flux-hidden", type=int, default=256)
+    ap.add_argument("--flux-tokens", type=int, default=256)
+    ap.add_argument("--skip-real", action="store_true")
+    args = ap.parse_args()
+    modelled_table(args)
+    if not args.skip_real:
+        real_table(args)
+
+
+if __name__ == "__main__":
+    main()
