@@ -212,9 +212,7 @@ class BatchPlaced:
             self.last_shares[self.devices[i]] = b - a
             self.items[self.devices[i]] += b - a
         if len(jobs) == 1:
-            i = jobs[0][0]
-            self._seen(i)
-            return self.shadows[i].module(*args, **kwargs)
+            return self._run_share(jobs[0][0], args, kwargs)
         modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         errors: List[tuple] = []
         outputs: List = [None] * len(jobs)
@@ -250,6 +248,12 @@ class BatchPlaced:
 
     def _run_share(self, i: int, args, kwargs):
         self._seen(i)
+        target = getattr(self.placed[i], "target", None)
+        if target is not None and target.is_cuda:
+            # the share's thread works on its device: kernels, streams and new tensors
+            # that name no device land there, not on the caller's current device
+            with torch.cuda.device(target.device):
+                return self.shadows[i].module(*args, **kwargs)
         return self.shadows[i].module(*args, **kwargs)
 
     def _seen(self, i: int) -> None:
