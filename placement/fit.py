@@ -12,7 +12,8 @@ from .components import COMPONENTS
 from .errors import PlacementError
 from .fit_costs import CostModel, DEFAULT_DISK_BANDWIDTH, Workload
 from .fit_report import build_plan, explain_failure
-from .fit_search import Search, make_rules
+from .fit_rules import make_rules
+from .fit_search import Search
 from .fit_shapes import Geometry, headroom_of
 from .units import GiB, MiB, format_bytes
 

@@ -1,0 +1,297 @@
+"""Auto-fit pricing: the time and the memory of one placement of one component.
+
+An `Option` is one evaluated placement: where the weights rest (`persist` per GPU for
+the session, `host_persist` in host RAM), what it needs while its phase runs (`use` per
+GPU, `host_use`), and what it costs (`cost` = runs x forward + load, in seconds). The
+seconds come from fit_costs.CostModel's figures (throughput, link, disk and peer
+bandwidth); the bytes from fit_shapes (ring, prefix, split layouts). Nothing here
+chooses: the search (fit_search.py) compares the options priced here.
+"""
+from typing import Dict, List, Optional
+
+from .fit_costs import STREAM_BLOCK_OVERHEAD_S, STREAM_OVERLAP
+from .fit_shapes import Geometry, layer_ranges, row_shares, stream_spans
+
+PHASE_ORDER = ("encode", "sample", "decode", "upscale")
+
+
+def streamed_forward(compute: float, transfer: float, depth: int, streamed_blocks: int) -> float:
+    """Seconds of one streamed forward: copies overlap compute when prefetching."""
+    if depth > 0:
+        t = max(compute, transfer) + (1 - STREAM_OVERLAP) * min(compute, transfer)
+    else:
+        t = compute + transfer
+    return t + streamed_blocks * STREAM_BLOCK_OVERHEAD_S
+
+
+class Option:
+    """One evaluated placement of one component (immutable once built)."""
+    __slots__ = ("comp", "kind", "runtime", "params", "source", "split_mode", "resident_blocks",
+                 "depth", "ranges", "persist", "use", "host_persist", "host_use",
+                 "resident_bytes", "streamed_bytes", "loaded_bytes", "hops", "compute_s",
+                 "transfer_s", "forward_s", "load_s", "cost", "runs", "phase", "layout",
+                 "per_device")
+
+    def __init__(self, comp, kind, runtime, runs, phase):
+        self.comp, self.kind, self.runtime, self.runs, self.phase = comp, kind, runtime, runs, phase
+        self.split_mode = "layer"
+        self.resident_blocks = self.depth = self.ranges = self.layout = self.per_device = None
+        self.streamed_bytes = self.hops = self.host_use = 0
+        self.transfer_s = 0.0
+
+    @property
+    def persistent(self) -> bool:
+        return bool(self.persist)
+
+
+class Pricing:
+    """Prices placements on one set of devices; every Option is memoised (immutable)."""
+
+    def __init__(self, geos: Dict[str, Geometry], workloads, gpus: List[str], model,
+                 phase_of: Dict[str, int]):
+        self.geos, self.work = geos, workloads
+        self.gpus = gpus
+        self.gidx = {name: i for i, name in enumerate(gpus)}
+        self.model = model
+        self.tp = [model.throughput[g] for g in gpus]
+        self.bw = [model.bandwidth[g] for g in gpus]
+        self.cpu_tp = model.throughput["cpu"]
+        self.G = len(gpus)
+        self.phase_of = phase_of
+        self._memo: Dict[tuple, object] = {}
+
+    # -- building one evaluated placement -------------------------------------------------
+    def _compute_s(self, c: str, flop_share: float, dev: int) -> float:
+        return self.work[c].flop * flop_share / self.tp[dev]
+
+    def resident(self, c: str, d: int, persistent: bool, source: str = "cpu",
+                 params_on: Optional[int] = None) -> Option:
+        key = ("r", c, d, persistent, source, params_on)
+        o = self._memo.get(key)
+        if o is None:
+            o = self._memo[key] = self._resident(c, d, persistent, source, params_on)
+        return o
+
+    def _resident(self, c, d, persistent, source, params_on) -> Option:
+        geo, w = self.geos[c], self.work[c]
+        compute = self._compute_s(c, 1.0, d)
+        name = self.gpus[d]
+        o = Option(c, "resident", [name], w.runs, self.phase_of[c])
+        o.resident_bytes = geo.total
+        o.compute_s = o.forward_s = compute
+        if persistent:
+            o.params = o.source = name
+            o.persist = {d: geo.total}
+            o.use = {d: geo.headroom}
+            o.loaded_bytes, o.load_s, o.host_persist = 0, 0.0, 0
+        elif params_on is not None:                       # rests on another GPU
+            src = self.gpus[params_on]
+            o.params = o.source = src
+            o.persist = {params_on: geo.total}
+            o.use = {d: geo.total + geo.headroom}
+            o.loaded_bytes = geo.total
+            o.load_s = geo.total / self.model.peer(src, name)
+            o.host_persist = 0
+        else:
+            o.params = o.source = source
+            o.persist = {}
+            o.use = {d: geo.total + geo.headroom}
+            o.loaded_bytes = geo.total
+            o.load_s = geo.total / self.model.source_bandwidth(name, source)
+            o.host_persist = geo.total if source == "cpu" else 0
+        o.cost = o.runs * o.forward_s + o.load_s
+        return o
+
+    def stream(self, c: str, d: int, k: int, depth: int, source: str = "cpu") -> Option:
+        key = ("s", c, d, k, depth, source)
+        o = self._memo.get(key)
+        if o is None:
+            o = self._memo[key] = self._stream(c, d, k, depth, source)
+        return o
+
+    def _stream(self, c, d, k, depth, source) -> Option:
+        geo, w = self.geos[c], self.work[c]
+        name = self.gpus[d]
+        bw = self.model.source_bandwidth(name, source)
+        compute = self._compute_s(c, 1.0, d)
+        streamed = geo.streamed_bytes(k)
+        transfer = streamed / bw
+        resident = geo.non_block + geo.prefix[k]
+        o = Option(c, "stream", [name], w.runs, self.phase_of[c])
+        o.params = o.source = source
+        o.resident_blocks, o.depth = k, depth
+        o.persist = {}
+        o.use = {d: geo.stream_weights(k, depth) + geo.headroom}
+        o.host_persist = geo.total if source == "cpu" else 0
+        o.resident_bytes, o.streamed_bytes, o.loaded_bytes = resident, streamed, resident
+        o.compute_s, o.transfer_s = compute, transfer
+        o.forward_s = streamed_forward(compute, transfer, depth, geo.n - k)
+        o.load_s = resident / bw
+        o.cost = o.runs * o.forward_s + o.load_s
+        return o
+
+    def split(self, c: str, devs: List[int], mode: str, caps: List[int], persistent: bool,
+              source: str = "cpu") -> Optional[Option]:
+        geo = self.geos[c]
+        lkey = ("l", c, mode, tuple(caps))
+        if lkey in self._memo:
+            layout = self._memo[lkey]
+        else:
+            layout = row_shares(geo, caps) if mode == "row" else layer_ranges(geo, caps)
+            self._memo[lkey] = layout
+        if layout is None:
+            return None
+        return self.split_layout(c, devs, mode, layout, persistent, source)
+
+    def split_layout(self, c, devs, mode, layout, persistent, source) -> Optional[Option]:
+        key = ("x", c, tuple(devs), mode, tuple(layout), persistent, source)
+        if key not in self._memo:
+            self._memo[key] = self._split(c, list(devs), mode, layout, persistent, source)
+        return self._memo[key]
+
+    def _split(self, c, devs, mode, layout, persistent, source) -> Optional[Option]:
+        geo, w = self.geos[c], self.work[c]
+        all_devs = tuple(devs)
+        if mode == "row":
+            held = [s + (geo.non_block if i == 0 else 0) for i, s in enumerate(layout)]
+            ranges = None
+            compute = max(self._compute_s(c, h / (geo.total or 1), devs[i])
+                          for i, h in enumerate(held))
+            k = len(devs)
+            per_block = 2 * self.model.hop_s(w.activation_bytes * (k - 1) // k,
+                                              self.gpus[devs[0]], self.gpus[devs[-1]])
+            hops = 2 * geo.n
+            comm = geo.n * per_block
+        else:
+            keep = [(i, s, e) for i, (s, e) in enumerate(layout) if e > s or i == 0]
+            if len(keep) < 2:
+                return None           # everything landed on one device: not a split
+            devs = [devs[i] for i, _, _ in keep]
+            held = [geo.prefix[e] - geo.prefix[s] + (geo.non_block if j == 0 else 0)
+                    for j, (_, s, e) in enumerate(keep)]
+            ranges = [(s, e - 1) for _, s, e in keep]
+            compute = sum(self._compute_s(c, h / (geo.total or 1), devs[j])
+                          for j, h in enumerate(held))
+            hops = len(devs)          # main -> ... -> last -> main (final layers)
+            comm = sum(self.model.hop_s(w.activation_bytes, self.gpus[devs[j]],
+                                        self.gpus[devs[(j + 1) % len(devs)]])
+                       for j in range(len(devs)))
+        names = [self.gpus[i] for i in devs]
+        o = Option(c, "split", names, w.runs, self.phase_of[c])
+        o.split_mode, o.ranges, o.hops = mode, ranges, hops
+        o.layout = (all_devs, tuple(layout))
+        o.resident_bytes = geo.total
+        o.compute_s, o.transfer_s, o.forward_s = compute, comm, compute + comm
+        if persistent:
+            o.params = o.source = names[0]
+            o.persist = {devs[j]: h for j, h in enumerate(held)}
+            o.use = {devs[j]: geo.headroom for j in range(len(devs))}
+            o.loaded_bytes, o.load_s, o.host_persist = 0, 0.0, 0
+        else:
+            o.params = o.source = source
+            o.persist = {}
+            o.use = {devs[j]: h + geo.headroom for j, h in enumerate(held)}
+            o.loaded_bytes = geo.total
+            # counted serially: the host side (one pinned staging path) is the bottleneck,
+            # so a split never loads faster than one whole copy on the slowest link
+            o.load_s = geo.total / min(self.model.source_bandwidth(n, source) for n in names)
+            o.host_persist = geo.total if source == "cpu" else 0
+        o.cost = o.runs * o.forward_s + o.load_s
+        return o
+
+    def split_stream(self, c: str, devs: List[int], caps: List[int], depth: int,
+                     source: str, streaming: int) -> Optional[Option]:
+        """A layer split too big for its devices: a streaming device keeps a prefix of
+        its range resident and streams the rest through its own ring
+        (runtime/split/layer.py) over its own link. Layouts: the first devices filled and
+        fully resident, the last `streaming` ones sharing the rest in proportion to room
+        (fewest prefetch slots when the big blocks come first, as in Flux) - from all
+        streaming (most overlap) to only the last (most resident bytes, accelerate's
+        layout with a prefetch ring). The cost model picks."""
+        key = ("xs", c, tuple(devs), tuple(caps), depth, source, streaming)
+        if key not in self._memo:
+            self._memo[key] = self._split_stream(c, devs, caps, depth, source, streaming)
+        return self._memo[key]
+
+    def _split_stream(self, c, devs, caps, depth, source, streaming) -> Optional[Option]:
+        geo, w = self.geos[c], self.work[c]
+        spans = stream_spans(geo, caps, streaming)
+        if spans is None:
+            return None
+        names = [self.gpus[d] for d in devs]
+        per_device, use, fwd, compute_all, transfer_all = {}, {}, 0.0, 0.0, 0.0
+        resident_total = streamed_total = 0
+        for j, (d, (a, b)) in enumerate(zip(devs, spans)):
+            nb = geo.non_block if j == 0 else 0
+            k = geo.range_prefix(a, b, caps[j] - nb, depth)
+            if k is None:
+                return None
+            slots = geo.range_window(a + k, b, depth)
+            resident = geo.prefix[a + k] - geo.prefix[a]
+            streamed = geo.prefix[b] - geo.prefix[a + k]
+            use[d] = nb + resident + slots + geo.headroom
+            per_device[names[j]] = (k, b - a)
+            held = nb + geo.prefix[b] - geo.prefix[a]
+            compute = self._compute_s(c, held / (geo.total or 1), d)
+            transfer = streamed / self.model.source_bandwidth(names[j], source)
+            fwd += streamed_forward(compute, transfer, depth, b - a - k) if streamed else compute
+            compute_all += compute
+            transfer_all += transfer
+            resident_total += nb + resident
+            streamed_total += streamed
+        comm = sum(self.model.hop_s(w.activation_bytes, names[j], names[(j + 1) % len(names)])
+                   for j in range(len(names)))
+        o = Option(c, "split", names, w.runs, self.phase_of[c])
+        o.ranges = [(a, b - 1) for a, b in spans]
+        o.resident_blocks = sum(k for k, _ in per_device.values())
+        o.depth, o.per_device = depth, per_device
+        o.layout = streaming
+        o.params = o.source = source
+        o.persist, o.use = {}, use
+        o.hops = len(names)
+        o.resident_bytes, o.streamed_bytes, o.loaded_bytes = (resident_total, streamed_total,
+                                                              resident_total)
+        o.compute_s, o.transfer_s = compute_all, transfer_all + comm
+        o.forward_s = fwd + comm
+        o.load_s = resident_total / min(self.model.source_bandwidth(n, source) for n in names)
+        o.host_persist = geo.total if source == "cpu" else 0
+        o.cost = o.runs * o.forward_s + o.load_s
+        return o
+
+    def on_cpu(self, c: str, source: str = "cpu") -> Option:
+        key = ("c", c, source)
+        o = self._memo.get(key)
+        if o is None:
+            o = self._memo[key] = self._on_cpu(c, source)
+        return o
+
+    def _on_cpu(self, c, source) -> Option:
+        geo, w = self.geos[c], self.work[c]
+        disk = source == "disk"
+        o = Option(c, "cpu", ["cpu"], w.runs, self.phase_of[c])
+        o.params = o.source = source
+        o.persist, o.use = {}, {}
+        o.host_persist = 0 if disk else geo.total
+        o.host_use = geo.headroom + (geo.total if disk else 0)
+        o.resident_bytes = geo.total
+        o.loaded_bytes = geo.total if disk else 0
+        o.compute_s = o.forward_s = w.flop / self.cpu_tp
+        o.load_s = geo.total / self.model.disk_bandwidth if disk else 0.0
+        o.cost = o.runs * o.forward_s + o.load_s
+        return o
+
+    def rebuild(self, o: Option, source: str) -> Option:
+        """The same placement with its weights resting in `source` instead."""
+        if o.kind == "cpu":
+            return self.on_cpu(o.comp, source)
+        if o.kind == "stream":
+            return self.stream(o.comp, self.gidx[o.runtime[0]], o.resident_blocks, o.depth, source)
+        if o.kind == "resident":
+            return self.resident(o.comp, self.gidx[o.runtime[0]], False, source)
+        if o.per_device is not None:
+            devs = [self.gidx[n] for n in o.runtime]
+            caps = [o.use[d] - self.geos[o.comp].headroom for d in devs]
+            again = self._split_stream(o.comp, devs, caps, o.depth, source, o.layout)
+            return again if again is not None else o
+        devs, layout = o.layout
+        return self.split_layout(o.comp, devs, o.split_mode, layout, False, source)

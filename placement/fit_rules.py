@@ -1,0 +1,129 @@
+"""Auto-fit rules: what the search may decide for one component.
+
+The user's explicit choice (runtime, params, split mode) and the offload preset say
+which kinds of placement are allowed; the executor's row of the capability table
+(placement/capabilities.py) then removes whatever that executor cannot run, so the
+search never proposes a plan the runtime or the ComfyUI adapter would refuse.
+"""
+from typing import Optional, Sequence
+
+from .errors import PlacementError
+from .fit_shapes import Geometry
+
+
+class Rules:
+    """What the search may decide for one component (the user's choice and the preset)."""
+    __slots__ = ("runtime", "params", "split_mode", "persist_res", "persist_split", "float_res",
+                 "stream", "float_split", "split_stream", "cpu", "prefix_zero",
+                 "params_elsewhere", "gpus", "disk")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, False)
+        self.runtime = None
+        self.params = None
+        self.split_mode = "layer"
+        self.gpus = None          # GPU names the executor runs this component on; None: all
+        self.disk = True          # params may move to disk when host RAM is short
+
+    @property
+    def floating(self) -> bool:
+        return self.float_res or self.stream or self.float_split or self.cpu
+
+
+def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
+               caps=None, real_gpus: Optional[Sequence[str]] = None) -> Rules:
+    """Translate (runtime, params, split_mode) + preset into the placements allowed, then
+    keep only what the executor runs for this component (`caps`: its capabilities from
+    placement/capabilities.py; None: everything). `real_gpus`: the GPUs that are not
+    simulated (used when the executor cannot run the component on a simulated one)."""
+    if caps is not None and "simulated" not in caps and real_gpus is not None:
+        gpus = [g for g in gpus if g in real_gpus]
+        only = list(gpus)
+    else:
+        only = None
+    r = _rules(choice, geo, preset, gpus)
+    if caps is None:
+        return r
+    if only is not None:
+        r.gpus = only
+        if not only and r.runtime is None:
+            r.cpu = True      # no GPU this component can run on: it computes on the CPU
+    if "stream" not in caps:
+        r.stream = False
+        r.prefix_zero = False
+    if f"{r.split_mode}_split" not in caps:
+        r.persist_split = r.float_split = r.split_stream = False
+    if "split_stream" not in caps:
+        r.split_stream = False
+    if "cpu_params" not in caps:
+        r.float_res = r.stream = r.float_split = r.split_stream = False
+    if preset == "sequential" and not (r.stream or r.float_res or r.float_split or r.cpu) \
+            and (r.runtime is None or len(r.runtime) == 1):
+        r.float_res = "cpu_params" in caps       # sequential, not streamable here: whole
+    r.disk = "disk" in caps
+    if not (r.persist_res or r.persist_split or r.floating or r.params_elsewhere):
+        r.cpu = r.runtime is None or r.runtime == ["cpu"]
+    return r
+
+
+def _rules(choice, geo: Geometry, preset: str, gpus: Sequence[str]) -> Rules:
+    r = Rules()
+    runtime = list(choice.runtime) if choice.runtime else None
+    params = choice.params
+    r.split_mode = choice.split_mode or "layer"
+    r.params = params
+    splittable = geo.n >= 2
+    streamable = geo.n >= 2
+    offload_params = params in ("cpu", "disk")
+    if runtime is not None and "cpu" in runtime:
+        if len(runtime) > 1:
+            raise PlacementError(f"auto-fit cannot split {geo.comp} over the cpu and GPUs "
+                                 f"({'&'.join(runtime)}); name GPUs only, or cpu alone")
+        r.runtime = ["cpu"]
+        r.cpu = True
+        return r
+    if runtime is not None:
+        r.runtime = runtime
+    if params is not None and params not in ("cpu", "disk"):
+        # weights rest on a named GPU for the session
+        if runtime is None or runtime == [params] or (len(runtime) > 1 and params in runtime):
+            if runtime is None:
+                r.runtime = [params]
+            if len(r.runtime) > 1:
+                r.persist_split = True
+            else:
+                r.persist_res = True
+        else:
+            r.params_elsewhere = True
+        return r
+    split_only = runtime is not None and len(runtime) > 1
+    single_only = runtime is not None and len(runtime) == 1
+    may_split = splittable and not single_only and (split_only or len(gpus) >= 2)
+    if preset == "none":
+        if not offload_params:
+            r.persist_res = not split_only
+            r.persist_split = may_split
+        else:
+            r.float_res = not split_only
+            r.float_split = may_split
+    elif preset == "model":
+        r.float_res = not split_only
+        r.float_split = split_only and splittable
+    elif preset == "sequential":
+        r.stream = streamable and not split_only
+        r.float_res = not streamable and not split_only
+        r.float_split = split_only and splittable
+        r.prefix_zero = True
+    else:   # auto, balanced
+        if not offload_params:
+            r.persist_res = not split_only
+            r.persist_split = may_split
+        r.float_res = not split_only
+        r.stream = streamable and not split_only
+        r.float_split = may_split
+        r.split_stream = may_split and r.split_mode == "layer"
+        r.cpu = runtime is None
+    if not gpus and runtime is None:
+        r.cpu = True            # no accelerator: every preset computes on the CPU
+    return r
