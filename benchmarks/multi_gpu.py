@@ -19,7 +19,8 @@ Assumptions, printed with the figures:
   cores; on a shared 2-core machine it is noisy and bounded by the cores actually free.
 - Physical floor: two devices cannot do better than half the single-device time
   (speedup <= 2); a figure past it is flagged as a measurement error.
-Variants are timed in alternating rounds (median shown) so machine noise hits all.
+Variants are timed in alternating rounds so machine noise hits all; times are medians,
+speedups the median of the per-round ratios.
 
     python benchmarks/multi_gpu.py [--rounds 5] [--batch 2] [--item-ms 2]
 """
@@ -97,6 +98,11 @@ def run_variants(variants, rounds, call):
     return times
 
 
+def per_round(times, one: str, two: str) -> float:
+    """Median over rounds of the ratio within a round (both timed back to back)."""
+    return med([a / b for a, b in zip(times[one], times[two])])
+
+
 def check(speedup: float) -> str:
     return "ok" if speedup <= 2.05 else "PAST THE FLOOR: measurement wrong"
 
@@ -141,7 +147,8 @@ def modelled_table(args):
         # from the measured resident times (compute with its overheads) and the link
         measured_exp = r1 / r2 if key == "resident" else \
             max(r1, exp_t[key]) / max(r2, exp_t[key])
-        rows.append((key, t1, t2, t1 / t2, exp, measured_exp))
+        rows.append((key, t1, t2, per_round(times, f"{key} 1", f"{key} 2"), exp,
+                     measured_exp))
     print(f"== modelled compute: {args.depth} blocks x {block_bytes / 2**20:.2f} MiB, "
           f"{args.item_ms:g} ms per item per block, batch {args.batch} "
           f"(C = {compute * 1e3:.0f} ms per forward on one device); links: one per device, "
@@ -149,6 +156,7 @@ def modelled_table(args):
     print("ideal: max(C, T) / max(C/2, T) with the modelled C; from resident: the same "
           "with the measured resident times (compute plus hooks, threads, the real matmul "
           "and sleep overshoot) in place of C and C/2")
+    print("speedup: median of the per-round ratios (1 device / 2 devices, timed back to back)")
     print(f"{'variant':>18} {'1 device ms':>12} {'2 devices ms':>13} {'speedup':>8} "
           f"{'ideal':>6} {'from resident':>14}  floor check")
     for key, t1, t2, s, exp, mexp in rows:
@@ -202,14 +210,15 @@ def real_table(args):
         for _, _, placed in reversed(variants[:2]):
             placed.__exit__(None, None, None)
     t1, t2 = med(times["1 device"]), med(times["2 devices"])
-    ceiling = med(times["matmul x2 serial"]) / med(times["matmul x2 threads"])
+    speedup = per_round(times, "1 device", "2 devices")
+    ceiling = per_round(times, "matmul x2 serial", "matmul x2 threads")
     print(f"== real compute on CPU cores: tiny Flux (hidden {args.flux_hidden}, "
           f"{args.flux_tokens} image tokens), batch {args.batch}, resident, torch threads 1 "
           f"per device, {args.rounds} rounds, median (2 shared cores: noisy)")
     print(f"{'1 device ms':>12} {'2 devices ms':>13} {'speedup':>8} {'2-thread ceiling':>17}"
           f"  floor check")
-    print(f"{t1 * 1e3:>12.1f} {t2 * 1e3:>13.1f} {t1 / t2:>8.2f} {ceiling:>17.2f}  "
-          f"{check(t1 / t2)}")
+    print(f"{t1 * 1e3:>12.1f} {t2 * 1e3:>13.1f} {speedup:>8.2f} {ceiling:>17.2f}  "
+          f"{check(speedup)}")
     print("2-thread ceiling: plain 512x512 matmuls on two threads vs one after the other, "
           "interleaved with the rounds: the parallelism the shared cores gave at the time")
 
