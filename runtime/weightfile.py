@@ -1,8 +1,9 @@
 """Model files read by byte ranges: safetensors and GGUF headers parsed into
 (dtype, shape, offset, nbytes) entries, and a group's tensors mapped to coalesced file
 runs (`DiskLayout`) that are read with pread straight into a caller's buffer (a staging
-slot or a ring slot), never the whole file into RAM. A file changed or truncated while
-streaming is refused."""
+slot or a ring slot), never the whole file into RAM. Several reads are in flight at once
+(runtime/readpool: a few reader threads kept for the file's life). A file changed or
+truncated while streaming is refused."""
 import json
 import os
 import struct
@@ -11,6 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..placement.errors import PlacementError
+from . import readpool
 from .residency import Group
 
 
@@ -29,7 +31,7 @@ FileEntry = Tuple[torch.dtype, Tuple[int, ...], int, int]   # dtype, shape, offs
 class WeightFile:
     """Byte ranges of tensors in a model file, read with pread (no Python-side copies)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, readers: Optional[int] = None, chunk: Optional[int] = None):
         self.path = path
         self.entries: Dict[str, FileEntry] = {}
         self.unsupported: Dict[str, str] = {}        # key -> why it cannot be read raw
@@ -37,8 +39,14 @@ class WeightFile:
         self._fd = os.open(path, os.O_RDONLY)
         st = os.fstat(self._fd)
         self._identity = (st.st_size, st.st_mtime_ns)   # a file changed under us is refused
+        self._pool: Optional[readpool.ReadPool] = None
         try:
             self._parse(path)
+            self._pool = readpool.ReadPool(
+                self._fd, path, readpool.READERS if readers is None else readers,
+                readpool.CHUNK if chunk is None else chunk)
+            # blocks are read in file order: a larger readahead window per request
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except BaseException:
             self.close()                  # a bad header must not leak the descriptor
             raise
@@ -71,20 +79,27 @@ class WeightFile:
                              f"dequantization yet; use an unquantized file or params=cpu")
 
     def read_runs(self, runs: Sequence[Tuple[int, int, int]], buf: torch.Tensor) -> None:
-        """runs: (file offset, buffer offset, nbytes)."""
-        self.check_unchanged()
-        arr = buf.numpy()
+        """runs: (file offset, buffer offset, nbytes), read into the flat CPU uint8 `buf`
+        with several reads in flight; returns once every byte is in `buf`."""
+        pool = self._pool
+        if pool is None:
+            raise PlacementError(f"{self.path}: read after the file was closed")
+        if buf.dtype != torch.uint8 or buf.device.type != "cpu" or not buf.is_contiguous():
+            raise PlacementError(f"read_runs needs a contiguous CPU uint8 buffer, got "
+                                 f"{buf.dtype} on {buf.device}")
+        size = buf.numel()
         for file_off, buf_off, n in runs:
-            view = memoryview(arr[buf_off:buf_off + n])
-            done = 0
-            while done < n:
-                got = os.preadv(self._fd, [view[done:]], file_off + done)
-                if got <= 0:
-                    raise PlacementError(f"{self.path}: file ends early at byte "
-                                         f"{file_off + done}; the file is truncated")
-                done += got
+            if n < 0 or buf_off < 0 or buf_off + n > size or file_off < 0:
+                raise PlacementError(f"{self.path}: run of {n} bytes at buffer offset "
+                                     f"{buf_off} does not fit a {size}-byte buffer")
+        self.check_unchanged()
+        pool.read(runs, memoryview(buf.numpy()).cast("B"))
 
     def close(self) -> None:
+        """Join the reader threads (after reads in progress), then close the descriptor."""
+        pool, self._pool = getattr(self, "_pool", None), None
+        if pool is not None:
+            pool.close()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -138,13 +153,14 @@ class GGUFFile(WeightFile):
         del reader
 
 
-def open_weight_file(path: str) -> WeightFile:
+def open_weight_file(path: str, **readers) -> WeightFile:
+    """readers: `readers=` threads besides the caller and `chunk=` bytes per read."""
     if not os.path.isfile(path):
         raise PlacementError(f"weights file {path!r} not found; disk residency needs the "
                              f"model's .safetensors or .gguf file")
     if path.lower().endswith(".gguf"):
-        return GGUFFile(path)
-    return SafetensorsFile(path)
+        return GGUFFile(path, **readers)
+    return SafetensorsFile(path, **readers)
 
 
 class DiskLayout:

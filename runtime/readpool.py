@@ -1,0 +1,153 @@
+"""Several positional reads of one file in flight at once, straight into the caller's
+buffer. A disk (NVMe above all) reaches its speed only with a queue of requests; one
+`preadv` at a time leaves it idle between calls. `os.preadv` releases the GIL, so a few
+threads are enough: the caller cuts its byte ranges into pieces of a few MiB, reads
+pieces itself and lets up to `readers` kept threads read the others. The first error
+is raised once, after every piece already started has finished (a buffer must not be
+written once its read has returned)."""
+import os
+import queue
+import threading
+from typing import List, Optional, Sequence, Tuple
+
+from ..placement.errors import PlacementError
+
+CHUNK = 4 * 1024 ** 2      # a piece: large enough that a syscall's cost is noise, small
+READERS = 3                # enough that one block gives every reader work; + the caller
+
+Piece = Tuple[int, memoryview]          # file offset, destination
+
+
+def pread_full(fd: int, mv: memoryview, offset: int, path: str) -> None:
+    """Read len(mv) bytes at `offset` into `mv`; a file that ends before is truncated."""
+    done, n = 0, len(mv)
+    while done < n:
+        got = os.preadv(fd, [mv[done:]], offset + done)
+        if got <= 0:
+            raise PlacementError(f"{path}: file ends early at byte {offset + done}; the "
+                                 f"file is truncated")
+        done += got
+
+
+def cut(runs: Sequence[Tuple[int, int, int]], mv: memoryview, chunk: int) -> List[Piece]:
+    """(file offset, buffer offset, nbytes) runs -> pieces of at most `chunk` bytes."""
+    pieces = []
+    for file_off, buf_off, n in runs:
+        for at in range(0, n, chunk):
+            m = min(chunk, n - at)
+            pieces.append((file_off + at, mv[buf_off + at:buf_off + at + m]))
+    return pieces
+
+
+class _Job:
+    """One read_runs call: pieces claimed one by one by whoever is free."""
+
+    def __init__(self, pieces: List[Piece]):
+        self.pieces = pieces
+        self.next = 0
+        self.left = len(pieces)             # pieces not yet finished (read or skipped)
+        self.error: Optional[BaseException] = None
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+
+    def work(self, fd: int, path: str) -> None:
+        while True:
+            with self.lock:
+                i = self.next
+                if i >= len(self.pieces):
+                    return
+                self.next += 1
+                skip = self.error is not None
+            if not skip:
+                try:
+                    off, mv = self.pieces[i]
+                    pread_full(fd, mv, off, path)
+                except BaseException as e:          # noqa: BLE001 (handed to the caller)
+                    with self.lock:
+                        if self.error is None:
+                            self.error = e
+            with self.lock:
+                self.left -= 1
+                if self.left == 0:
+                    self.done.set()
+
+    def cancel(self, why: BaseException) -> None:
+        with self.lock:
+            if self.error is None:
+                self.error = why
+
+
+class ReadPool:
+    """Reader threads kept for one open file's life (started on the first large read,
+    joined by close()). Thread names start with "copy-disk-" so leak checks see them."""
+
+    def __init__(self, fd: int, path: str, readers: int = READERS, chunk: int = CHUNK):
+        if readers < 0 or chunk < 1:
+            raise PlacementError(f"ReadPool needs readers >= 0 and chunk >= 1, got "
+                                 f"readers={readers}, chunk={chunk}")
+        self.fd, self.path = fd, path
+        self.readers, self.chunk = readers, chunk
+        self._queue: "queue.SimpleQueue[Optional[_Job]]" = queue.SimpleQueue()
+        self._threads: List[threading.Thread] = []
+        self._active = 0                    # read() calls in progress
+        self._closed = False
+        self._state = threading.Condition()
+
+    def read(self, runs: Sequence[Tuple[int, int, int]], mv: memoryview) -> None:
+        pieces = cut(runs, mv, self.chunk)
+        with self._state:
+            if self._closed:
+                raise PlacementError(f"{self.path}: read after the file was closed")
+            self._active += 1
+        try:
+            helpers = min(self.readers, len(pieces) - 1)
+            if helpers <= 0:                # one piece: no handoff, read it here
+                for off, view in pieces:
+                    pread_full(self.fd, view, off, self.path)
+                return
+            self._start(helpers)
+            job = _Job(pieces)
+            for _ in range(helpers):
+                self._queue.put(job)
+            try:
+                job.work(self.fd, self.path)
+                job.done.wait()
+            except BaseException as e:      # interrupted: stop, but let started reads end
+                job.cancel(e)
+                job.done.wait()
+                raise
+            if job.error is not None:
+                raise job.error
+        finally:
+            with self._state:
+                self._active -= 1
+                self._state.notify_all()
+
+    def _start(self, n: int) -> None:
+        with self._state:
+            while len(self._threads) < n:
+                t = threading.Thread(target=self._serve, daemon=True,
+                                     name=f"copy-disk-{len(self._threads)}")
+                t.start()
+                self._threads.append(t)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            job.work(self.fd, self.path)
+
+    def close(self) -> None:
+        """Wait for reads in progress, then join the threads; the fd is the caller's."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._state.wait()
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._queue.put(None)
+        for t in threads:
+            t.join()
