@@ -1,0 +1,113 @@
+"""Every plan runs (issue 10 item 2): over random placement requests x simulated
+inventories x tiny real architectures (diffusers configs, random weights), `plan()`
+either returns a plan that `place()` executes (a forward on the simulated devices,
+output equal to the plain module's) or raises a one-line PlacementError.
+
+An explicit plan is the user's own: when it overruns a budget `plan()` says so in its
+warnings, and then an out-of-memory from `place()` is the outcome the user was told
+about. An auto-fit plan carries no such excuse: it must run.
+"""
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+from safetensors.torch import save_file
+
+from comfyui_placement.placement import Inventory, PlacementError, PlacementSpec, plan
+from comfyui_placement.runtime import place
+
+KiB = 1024
+
+
+def _flux():
+    from diffusers import FluxTransformer2DModel
+    m = FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=2, num_single_layers=3,
+                               attention_head_dim=16, num_attention_heads=2,
+                               joint_attention_dim=32, pooled_projection_dim=16,
+                               axes_dims_rope=(4, 6, 6))
+    L, T = 16, 8
+    inp = dict(hidden_states=torch.randn(1, L, 8), encoder_hidden_states=torch.randn(1, T, 32),
+               pooled_projections=torch.randn(1, 16), timestep=torch.tensor([0.5]),
+               img_ids=torch.zeros(L, 3), txt_ids=torch.zeros(T, 3), return_dict=False)
+    return m, inp
+
+
+def _sd3():
+    from diffusers import SD3Transformer2DModel
+    m = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=3,
+                              attention_head_dim=8, num_attention_heads=2,
+                              joint_attention_dim=16, caption_projection_dim=16,
+                              pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16)
+    inp = dict(hidden_states=torch.randn(1, 4, 8, 8), encoder_hidden_states=torch.randn(1, 5, 16),
+               pooled_projections=torch.randn(1, 16), timestep=torch.tensor([3.0]),
+               return_dict=False)
+    return m, inp
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """arch -> (module, inputs, reference output, weights file, weight bytes)."""
+    out = {}
+    d = tmp_path_factory.mktemp("weights")
+    for arch, build in (("flux", _flux), ("sd3", _sd3)):
+        torch.manual_seed(0)
+        m, inp = build()
+        m.eval()
+        with torch.no_grad():
+            ref = m(**inp)[0]
+        path = d / f"{arch}.safetensors"
+        save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(path))
+        size = sum(p.numel() * p.element_size() for p in m.parameters())
+        out[arch] = (m, inp, ref, str(path), size)
+    return out
+
+
+backends = st.sampled_from([None, "cuda0", "cuda1", "cuda0&cuda1", "cpu"])
+params = st.sampled_from([None, "cpu", "disk", "cuda0"])
+splits = st.sampled_from([None, "layer", "row"])
+offload = st.sampled_from(["auto", "none", "model", "sequential"])
+# GPU sizes as multiples of the model's weight bytes: too small, tight, roomy
+fractions = st.sampled_from([0.3, 0.6, 0.9, 1.2, 3.0])
+
+
+def _spec(backend, param, split, stream, auto, mode):
+    kw = {"stream_layers": stream, "auto_fit": auto}
+    if backend:
+        kw["backend"] = f"diffusion={backend}"
+    if param:
+        kw["params_backend"] = f"diffusion={param}"
+    if split:
+        kw["split_mode"] = split
+    if auto:
+        kw["offload_mode"] = mode
+    return PlacementSpec(**kw)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(arch=st.sampled_from(["flux", "sd3"]), backend=backends, param=params, split=splits,
+       stream=st.booleans(), auto=st.booleans(), mode=offload, f0=fractions, f1=fractions)
+def test_plan_returns_then_place_runs(models, arch, backend, param, split, stream, auto, mode,
+                                      f0, f1):
+    module, inp, ref, path, size = models[arch]
+    # headroom: a tiny model's working memory is small, but not nothing
+    inv = Inventory.simulated(f"cuda0={int(size * f0 / KiB) + 256}KiB,"
+                              f"cuda1={int(size * f1 / KiB) + 256}KiB,cpu=64GiB")
+    try:
+        spec = _spec(backend, param, split, stream, auto, mode)
+        fit_options = {"headroom": {"diffusion": 128 * KiB}} if auto else {}
+        p = plan(spec, inv, {"diffusion": module}, resolution=(64, 64), **fit_options)
+    except PlacementError as exc:
+        assert "\n" not in str(exc) and str(exc)
+        return
+    cp = p.components["diffusion"]
+    try:
+        with place(module, p, "diffusion", inv, weights_file=path):
+            with torch.no_grad():
+                out = module(**inp)[0]
+    except Exception as exc:        # noqa: BLE001  (the property: nothing but a told overrun)
+        overrun = [w for w in p.warnings if "plan needs" in w]
+        assert not auto and overrun, (f"plan for {cp.runtime} params={cp.params} "
+                                      f"split={cp.split_mode} stream={cp.stream} did not run: "
+                                      f"{type(exc).__name__}: {exc}")
+        return
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
