@@ -13,9 +13,38 @@ sys.path.insert(0, str(Path(__file__).parent))
 import comfy_driver as cd  # noqa: E402  (parses the same arguments, starts nothing)
 
 import execution  # noqa: E402
+import nodes  # noqa: E402
 import server  # noqa: E402
 
 RESULTS = {"errors": []}
+SHARES_SEEN = []
+
+
+class PlacementTestRecordShares:
+    """A clone of MODEL with a DIFFUSION_MODEL wrapper recording, per call, the thread,
+    the batch it got and its transformer_options' per-item and per-chunk entries."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",)}}
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, model):
+        import threading
+        import comfy.patcher_extension as ext
+
+        def record(executor, *args, **kwargs):
+            to = next((a for a in args if isinstance(a, dict) and "cond_or_uncond" in a),
+                      kwargs.get("transformer_options", {}))
+            SHARES_SEEN.append({"thread": threading.get_ident(), "batch": int(args[0].shape[0]),
+                                "cond_or_uncond": list(to.get("cond_or_uncond", [])),
+                                "uuids": len(to.get("uuids", [])),
+                                "sigmas": int(to["sigmas"].shape[0]) if "sigmas" in to else None})
+            return executor(*args, **kwargs)
+        m = model.clone()
+        m.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "placement_test", record)
+        return (m,)
 # the tiny Flux is 6.9 MiB: 16 MiB holds it whole on each device, 6 MiB only streamed
 WHOLE = "cuda0=16MiB,cuda1=16MiB"
 SMALL = "cuda0=6MiB,cuda1=6MiB"
@@ -41,20 +70,33 @@ def session_facts(tag):
                             model.get_additional_models_with_key("placement_shares")]}
 
 
-async def run(executor, tag, inventory, ref=None, cfg=2.0, **flags):
+async def run(executor, tag, inventory, ref=None, cfg=2.0, record=False, **flags):
     os.environ["COMFYUI_PLACEMENT_SIMULATE"] = inventory
     prompt = cd.pipeline(tag=tag, keep_placed=True, **flags)
     prompt["6"]["inputs"]["cfg"] = cfg
+    if record:                  # a DIFFUSION_MODEL wrapper between placement and sampler
+        prompt["33"] = {"class_type": "PlacementTestRecordShares",
+                        "inputs": {"model": prompt["6"]["inputs"]["model"]}}
+        prompt["6"]["inputs"]["model"] = ["33", 0]
+        SHARES_SEEN.clear()
     record = await cd.run_prompt(executor, prompt, tag)
     record["session"] = session_facts(tag)
     if ref is not None:
         record["image"] = cd.compare(tag, ref)
+    record["messages"] = [e for e, _ in server.PromptServer.instance.messages
+                          if e.startswith("execution_")]
+    if record_calls := (list(SHARES_SEEN) if prompt.get("33") else None):
+        threads = sorted({c["thread"] for c in record_calls})
+        for c in record_calls:
+            c["thread"] = threads.index(c["thread"])     # 0, 1: distinct threads
+        record["wrapper_calls"] = record_calls
     return record
 
 
 async def main():
     cd.build_models(cd.ARGS.work)
     await cd.start_comfy(cd.ARGS.pack, cd.ARGS.work)
+    nodes.NODE_CLASS_MAPPINGS["PlacementTestRecordShares"] = PlacementTestRecordShares
     executor = execution.PromptExecutor(server.PromptServer.instance,
                                         cache_type=execution.CacheType.CLASSIC,
                                         cache_args={"ram": 16.0, "ram_inactive": 16.0})
@@ -66,7 +108,8 @@ async def main():
     # one device (the engine on simulated cuda0): the single-device run to equal
     RESULTS["single"] = await run(executor, "single", WHOLE, "reference", **BASE)
     # CFG (cond + uncond, batch 2): one share per device, resident on each
-    RESULTS["resident"] = await run(executor, "resident", WHOLE, "single", **BATCH)
+    RESULTS["resident"] = await run(executor, "resident", WHOLE, "single", record=True,
+                                    **BATCH)
     # streamed on each device from one packed host copy
     RESULTS["single_streamed"] = await run(executor, "single_streamed", SMALL, "reference",
                                            stream_layers=True, **BASE)
@@ -80,6 +123,12 @@ async def main():
     # cfg 1: no uncond pass, a batch of 1 runs on one device
     RESULTS["single_cfg1"] = await run(executor, "single_cfg1", WHOLE, None, cfg=1.0, **BASE)
     RESULTS["cfg1"] = await run(executor, "cfg1", WHOLE, "single_cfg1", cfg=1.0, **BATCH)
+    # an interrupt inside a share (ComfyUI's flag and check in a block, as the UI's
+    # cancel), streamed blocks in flight on both devices; then the same prompt again
+    RESULTS["interrupted"] = await run(executor, "interrupted", SMALL, None, interrupt_at=3,
+                                       stream_layers=True, **BATCH)
+    RESULTS["rerun"] = await run(executor, "rerun", SMALL, "streamed", stream_layers=True,
+                                 **BATCH)
     # the loader's MODEL is untouched by all of it
     RESULTS["loader_weights_same"] = cd.same_weights(weights_before,
                                                      cd.module_weights(loader_model))

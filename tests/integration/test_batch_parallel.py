@@ -71,3 +71,35 @@ def test_a_batch_of_one_runs_on_one_device(results):
 def test_the_loaders_model_is_untouched(results):
     assert results["loader_weights_same"] and results["loader_state_same"]
     assert results["loader_forward_is_class"]
+
+
+def test_diffusion_model_wrappers_run_once_per_share_with_its_chunk(results):
+    """A DIFFUSION_MODEL wrapper added after Apply Placement sees each share on its own
+    thread, with transformer_options cut to the share: cond_or_uncond, uuids and sigmas
+    of its one item."""
+    calls = ran(results["resident"])["wrapper_calls"]
+    assert len(calls) == 4                                   # 2 steps x 2 shares
+    assert {c["thread"] for c in calls} == {0, 1}
+    for c in calls:
+        assert c["batch"] == 1 and c["sigmas"] == 1 and c["uuids"] == 1
+        assert len(c["cond_or_uncond"]) == 1
+    by_thread = {}
+    for c in calls:
+        by_thread.setdefault(c["thread"], set()).update(c["cond_or_uncond"])
+    assert sorted(by_thread.values(), key=sorted) == [{0}, {1}]   # cond on one, uncond on the other
+
+
+def test_interrupt_inside_a_share_then_rerun(results):
+    rec = results["interrupted"]
+    assert rec["valid"] and not rec["success"]
+    assert "execution_interrupted" in rec["messages"]
+    s = rec["session"]
+    assert not s["open"]                                     # every placement was left
+    # this run packed the streamed blocks once (the resident runs before it let the
+    # module's store go): the first device packed, the second read the same copy
+    pack = s["runs"][-1]["per_device_pack"]
+    assert pack["cuda0"] > 0 and pack["cuda1"] == 0
+    again = ran(results["rerun"])
+    assert again["image"]["equal"], again["image"]           # the same shares as "streamed"
+    assert again["session"]["runs"][-1]["per_device_pack"] == {"cuda0": 0, "cuda1": 0}
+    assert results["loader_weights_same"]
