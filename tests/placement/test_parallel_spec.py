@@ -71,3 +71,22 @@ def test_the_comfyui_executor_runs_it_for_the_diffusion_model_only():
     with pytest.raises(PlacementError, match="batch parallel over several devices"):
         check_component(p.components["te"], inv, "comfyui")
     check_component(p.components["te"], inv, "runtime")
+
+
+def test_cli_split_mode_batch():
+    import json
+    import subprocess
+    import sys
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "comfyui_placement", *args],
+                               capture_output=True, text=True, timeout=120)
+    sim = ("--simulate", "cuda0=8GiB,cuda1=8GiB")
+    ok = cli("plan", "--backend", "diffusion=cuda0&cuda1", "--split-mode", "diffusion=batch",
+             "--json", *sim)
+    assert ok.returncode == 0, ok.stderr
+    cp = json.loads(ok.stdout)["components"]["diffusion"]
+    assert cp["parallel"] == "batch" and cp["runtime"] == ["cuda0", "cuda1"]
+    bad = cli("plan", "--backend", "diffusion=cuda0", "--split-mode", "diffusion=batch", *sim)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "two or more runtime devices" in bad.stderr
