@@ -9,8 +9,9 @@ runs the whole module under its own single-device placement (runtime.place: resi
 staged or streamed, from the component plan with that device as its runtime) on its own
 structural copy (runtime/shadow.py), so placements never share a Parameter object and
 the caller's module is never hooked. While the context is open, calling `module` cuts
-the batch into contiguous shares proportional to the devices' speeds (equal by default;
-`speeds={device: relative speed}`), runs share 0 in the calling thread and the others
+the batch into contiguous shares proportional to the devices' speeds (`speeds={device:
+relative speed}`; default: the throughputs of the planner's cost model when the plan
+has them, else equal), runs share 0 in the calling thread and the others
 on one thread per device (CUDA kernels release the GIL; on a simulated device compute
 is CPU work), and concatenates the outputs in order on the first device. A forward
 whose batch is 1 (or smaller than the device count) runs on the fastest device(s) only.
@@ -59,6 +60,16 @@ def cut_all(args, kwargs, batch: int, start: int, stop: int):
     return cut(args, batch, start, stop), cut(kwargs, batch, start, stop)
 
 
+def planned_speeds(plan, devices) -> Dict[str, float]:
+    """The devices' throughput from the planner's cost model (plan.extra["fit"]), when the
+    plan has one for every device; else {} (equal shares)."""
+    fit = (plan.extra or {}).get("fit") or {}
+    flops = (fit.get("cost_model") or {}).get("throughput_flops") or {}
+    if all(isinstance(flops.get(d), (int, float)) and flops[d] > 0 for d in devices):
+        return {d: float(flops[d]) for d in devices}
+    return {}
+
+
 def _check(plan, component: str, inventory) -> List[str]:
     cp = plan.components.get(component)
     if cp is None:
@@ -87,7 +98,7 @@ class BatchPlaced:
         self.plan = plan
         self.component = component
         self.inventory = inventory
-        speeds = dict(speeds or {})
+        speeds = dict(speeds if speeds is not None else planned_speeds(plan, self.devices))
         unknown = set(speeds) - set(self.devices)
         if unknown:
             raise PlacementError(f"speeds name {', '.join(sorted(unknown))}, not runtime "

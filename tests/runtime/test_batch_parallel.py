@@ -279,3 +279,15 @@ def test_spec_to_plan_to_place_runs_batch_parallel(tiny):
     assert s["items"] == {"cuda0": 1, "cuda1": 1}
     assert all(v["mode"] == "stream" for v in s["per_device"].values())
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_shares_follow_the_planned_throughputs(tiny, sim_inventory):
+    """A plan carrying the cost model's throughputs (auto-fit's plan.extra['fit']) shares
+    the batch in their proportion without a speeds option."""
+    model, inp = tiny("sd3")
+    plan = batch_plan()
+    plan.extra["fit"] = {"cost_model": {"throughput_flops": {"cuda0": 1e12, "cuda1": 3e12,
+                                                             "cpu": 1e11}}}
+    with place_batch(model, plan, "diffusion", sim_inventory) as placed:
+        run(model, batched(inp, 4))
+    assert placed.stats()["last_shares"] == {"cuda0": 1, "cuda1": 3}
