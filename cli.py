@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--no-tests", action="store_true", help="skip the CUDA test files")
     st.add_argument("--cpu", action="store_true", help="the CPU part (simulated device) "
                     "even where CUDA is present")
+    from .cli_worker import add_worker_parser
+    add_worker_parser(sub)
     return parser
 
 
@@ -104,6 +106,11 @@ def _cmd_selftest(args) -> int:
     report = run_selftest(args.json, reps=_positive(args.reps, "repetition count"),
                           run_tests=not args.no_tests, cpu=args.cpu)
     return 1 if report["cuda_tests"]["status"] == "failed" else 0
+
+
+def _cmd_worker(args) -> int:
+    from .cli_worker import run_worker
+    return run_worker(args)
 
 
 def _cmd_devices(args) -> int:
@@ -136,7 +143,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return {"devices": _cmd_devices, "plan": _cmd_plan, "demo": _cmd_demo,
-                "selftest": _cmd_selftest}[args.command](args)
+                "selftest": _cmd_selftest, "worker": _cmd_worker}[args.command](args)
     except PlacementError as exc:
         print(f"placement error: {exc}", file=sys.stderr)
         return 2

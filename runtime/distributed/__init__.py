@@ -1,0 +1,7 @@
+"""A layer split beyond one machine: block ranges run on worker processes joined over
+torch.distributed (gloo or NCCL); weights stay in each machine's own file, only
+activations travel. See docs/distributed.md."""
+from .remote import RemoteRange, remote_range
+from .session import Cluster, RemoteDevice
+
+__all__ = ["Cluster", "RemoteDevice", "RemoteRange", "remote_range"]

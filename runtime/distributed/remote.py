@@ -1,0 +1,283 @@
+"""`remote_range(module, blocks=(first, last), worker=cluster["w1.cpu"], file=path)`: a
+contiguous block range of a local module runs on a worker while the context is open.
+
+The worker builds the range from its own copy of the file (size, header and range hashes
+must match); the local blocks' forwards send activations there and return what comes
+back. The local block tensors must equal the file (checked on entry, so the remote output
+is the local one), may be released while remote, and are restored exactly on exit, also
+after a lost worker.
+"""
+import functools
+import os
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ...placement.errors import PlacementError
+from ..blocks import find_blocks
+from . import builder as builders, rangefile
+from .chain import learn_link
+from .session import RemoteDevice
+from .wire import flatten
+
+_MISSING = object()
+
+
+def _first_device(tensors: List[torch.Tensor]) -> torch.device:
+    return tensors[0].device if tensors else torch.device("cpu")
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a = a.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    return torch.equal(a, b.contiguous().reshape(-1).view(torch.uint8))
+
+
+class RemoteRange:
+    def __init__(self, module: nn.Module, blocks: Tuple[int, int], worker: RemoteDevice,
+                 file: str, key_map: Optional[Callable[[str], str]] = None,
+                 builder: Optional[Tuple[str, dict]] = None,
+                 block_names: Optional[Sequence[str]] = None, release: bool = True,
+                 chain: bool = True, timeout_s: Optional[float] = None):
+        if not isinstance(worker, RemoteDevice):
+            raise PlacementError(f"worker must be a remote device from a Cluster, e.g. "
+                                 f"cluster['w1.cpu'], not {worker!r}")
+        found = find_blocks(module, block_names)
+        try:
+            first, last = (int(b) for b in blocks)
+        except (TypeError, ValueError):
+            raise PlacementError(f"invalid blocks {blocks!r}; expected (first, last) block "
+                                 f"indices") from None
+        if not 0 <= first <= last < len(found):
+            raise PlacementError(f"invalid blocks {blocks!r}: the module has {len(found)} "
+                                 f"blocks (0..{len(found) - 1}); expected first <= last")
+        self.module, self.worker, self.file = module, worker, file
+        self.range = found[first:last + 1]
+        self.key_map = key_map or (lambda name: name)
+        self.builder_desc = builders.describe_module(module, builder)
+        self.release, self.use_chain = release, chain
+        self.timeout_s = float(timeout_s or worker.timeout_s)
+        self._range_id = None
+        self._forwards: List[object] = []
+        self._released: List[tuple] = []
+        self._keys: Dict[str, str] = {}
+        self._counts = {"hops": 0, "round_trips": 0, "to": 0, "back": 0, "forwards": 0}
+        self._local = None
+        self._learned: Optional[dict] = None     # chain and per-call output shapes
+        self._pending: Optional[dict] = None     # the forward in progress (chain mode)
+
+    # -- entry: prove the same weights, load there, take over the forwards -------------
+    def __enter__(self) -> "RemoteRange":
+        wf = rangefile.open_safetensors(self.file)
+        try:
+            loaded = self._check_local_equals_file(wf)
+            digest = rangefile.range_digest(wf, self._keys.values(), loaded)
+        finally:
+            wf.close()
+        link = self.worker.link
+        self._range_id = link.new_range_id()
+        link.request(dict({"op": "load", "range": self._range_id,
+                           "builder": self.builder_desc,
+                           "blocks": [n for n, _ in self.range], "keys": self._keys,
+                           "file": os.path.basename(self.file), "range_sha256": digest,
+                           "device": self.worker.device}, **rangefile.identity(self.file)),
+                     self.timeout_s)
+        try:
+            for k, (_, block) in enumerate(self.range):
+                self._forwards.append(block.__dict__.get("forward", _MISSING))
+                block.forward = functools.partial(self._call, k)
+            if self.release:
+                self._release_local()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _check_local_equals_file(self, wf) -> Dict[str, torch.Tensor]:
+        loaded = {}
+        for name, block in self.range:
+            for qualified, t in builders.block_tensor_names(name, block).items():
+                key = self.key_map(qualified)
+                entry = wf.lookup(key)
+                if entry is None:
+                    raise PlacementError(f"{os.path.basename(self.file)} has no tensor "
+                                         f"{key!r} (block {name}); a remote range reads every "
+                                         f"block tensor from the file: pass the file this "
+                                         f"model was loaded from, or a key_map")
+                if entry[0] != t.dtype or tuple(entry[1]) != tuple(t.shape):
+                    raise PlacementError(f"{os.path.basename(self.file)}: {key!r} is "
+                                         f"{entry[0]} {list(entry[1])}, the module has "
+                                         f"{t.dtype} {list(t.shape)}")
+                if key not in loaded:
+                    loaded[key] = rangefile.read_tensor(wf, key)
+                if t.device.type == "meta" or not _same_bits(t, loaded[key]):
+                    raise PlacementError(f"block tensor {qualified!r} differs from "
+                                         f"{os.path.basename(self.file)}: the worker would "
+                                         f"compute with other weights (a fused LoRA or "
+                                         f"another file?); pass the file the model holds")
+                self._keys[qualified] = key
+        return loaded
+
+    def _release_local(self) -> None:
+        prefixes = tuple(name + "." for name, _ in self.range)
+        outside = {id(t) for n, t in list(self.module.named_parameters(remove_duplicate=False))
+                   + list(self.module.named_buffers(remove_duplicate=False))
+                   if not n.startswith(prefixes)}
+        shared = set()
+        for name, block in self.range:
+            for qualified, t in builders.block_tensor_names(name, block).items():
+                if id(t) in outside:
+                    continue                      # tied to a local tensor: keep it
+                owner, leaf = builders.owner_of(self.module, qualified)
+                is_param = leaf in owner._parameters
+                meta = torch.empty_like(t, device="meta")
+                if is_param:
+                    owner._parameters[leaf] = nn.Parameter(meta, requires_grad=t.requires_grad)
+                else:
+                    owner._buffers[leaf] = meta
+                self._released.append((owner, leaf, is_param, t, self._keys[qualified]))
+                if id(t) not in shared:
+                    shared.add(id(t))
+                    t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+
+    # -- the forwards ----------------------------------------------------------------------
+    def _remote(self, message: dict, payload, out_device):
+        out, sent, back = self.worker.link.run(dict(message, range=self._range_id), payload,
+                                               out_device, self.timeout_s)
+        self._counts["hops"] += 2
+        self._counts["round_trips"] += 1
+        self._counts["to"] += sent
+        self._counts["back"] += back
+        return out
+
+    def _call(self, k: int, *args, **kwargs):
+        skeleton, tensors = flatten((args, kwargs))
+        out_device = _first_device(tensors)
+        if self._local is None:
+            self._local = str(out_device).replace("cuda:", "cuda")
+        n = len(self.range)
+        if k == 0:
+            self._counts["forwards"] += 1
+            self._pending = None
+            learned = self._learned
+            if self.use_chain and n > 1 and learned is not None and learned["chain"] and \
+                    learned["skeletons"][0] == skeleton and \
+                    learned["inputs"] == [(t.dtype, tuple(t.shape)) for t in tensors]:
+                self._pending = {"first": (args, kwargs), "first_tensors": tensors,
+                                 "versions": [t._version for t in tensors], "prev": None}
+            else:
+                self._pending = {"calibrate": {"skeletons": [skeleton],
+                                               "inputs": [(t.dtype, tuple(t.shape))
+                                                          for t in tensors],
+                                               "first": tensors, "chain": [], "outs": []}}
+        pending = self._pending
+        if pending is None:
+            raise PlacementError(f"remote blocks called out of order (block {k} of the range "
+                                 f"before block 0)")
+        if "calibrate" in pending:
+            return self._calibrating(pending["calibrate"], k, args, kwargs, skeleton, tensors,
+                                     out_device)
+        return self._chained(pending, k, skeleton, tensors, out_device)
+
+    def _calibrating(self, cal, k, args, kwargs, skeleton, tensors, out_device):
+        """Block by block (one round trip each), learning how the blocks chain."""
+        if k > 0:
+            cal["skeletons"].append(skeleton)
+            link = learn_link(tensors, cal["outs"][-1][1], cal["first"]) \
+                if cal["chain"] is not None else None
+            cal["chain"] = None if link is None else cal["chain"] + [
+                {"skeleton": skeleton, "sources": link}]
+        out = self._remote({"mode": "block", "index": k}, (args, kwargs), out_device)
+        out_skeleton, outs = flatten(out)
+        cal["outs"].append((out_skeleton, outs))
+        if k == len(self.range) - 1:
+            self._learned = {"skeletons": cal["skeletons"], "inputs": cal["inputs"],
+                             "chain": cal["chain"],
+                             "outs": [(s, [(t.dtype, tuple(t.shape)) for t in o])
+                                      for s, o in cal["outs"]]}
+            self._pending = None
+        return out
+
+    def _chained(self, pending, k, skeleton, tensors, out_device):
+        """Blocks before the last return placeholders (the model only passes them on, as
+        learned); the last block runs the whole range remotely in one round trip."""
+        from .wire import unflatten
+        learned = self._learned
+        if k > 0:
+            link = learned["chain"][k - 1]
+            prev = pending["prev"]
+            ok = skeleton == link["skeleton"] and len(tensors) == len(link["sources"]) and all(
+                t is (prev[i] if kind == "out" else pending["first_tensors"][i])
+                for t, (kind, i) in zip(tensors, link["sources"])) and \
+                all(p._version == v for p, v in zip(prev, pending["prev_versions"]))
+            if not ok:
+                self._pending = None
+                raise PlacementError(f"the model changed activations between remote blocks "
+                                     f"{self.range[0][0]}..{self.range[-1][0]} on this forward "
+                                     f"(it did not on the first); use chain=False")
+        if k < len(self.range) - 1:
+            out_skeleton, shapes = learned["outs"][k]
+            prev = [torch.empty(s, dtype=d, device=out_device) for d, s in shapes]
+            pending["prev"], pending["prev_versions"] = prev, [p._version for p in prev]
+            return unflatten(out_skeleton, prev)
+        if any(t._version != v for t, v in zip(pending["first_tensors"], pending["versions"])):
+            raise PlacementError(f"the model changed the first remote block's inputs in place "
+                                 f"before block {self.range[-1][0]}; use chain=False")
+        self._pending = None
+        return self._remote({"mode": "chain", "chain": learned["chain"]}, pending["first"],
+                            out_device)
+
+    # -- exit: the local module exactly as it was ------------------------------------------
+    def __exit__(self, *exc) -> None:
+        errors = []
+        for (_, block), saved in zip(self.range, self._forwards):
+            if saved is _MISSING:
+                block.__dict__.pop("forward", None)
+            else:
+                block.forward = saved
+        self._forwards = []
+        if self._released:
+            try:
+                self._restore_released()
+            except Exception as err:               # noted; the first error wins
+                errors.append(err)
+        link = self.worker.link
+        if self._range_id is not None and link.broken is None:
+            try:
+                link.request({"op": "unload", "range": self._range_id}, self.timeout_s)
+            except PlacementError as err:
+                errors.append(err)
+        if errors and exc[0] is None:
+            raise errors[0]
+
+    def _restore_released(self) -> None:
+        wf = rangefile.open_safetensors(self.file)
+        try:
+            done = set()
+            for owner, leaf, is_param, t, key in self._released:
+                if id(t) not in done:
+                    done.add(id(t))
+                    t.data = rangefile.read_tensor(wf, key).to(t.device)
+                (owner._parameters if is_param else owner._buffers)[leaf] = t
+        finally:
+            wf.close()
+            self._released = []
+
+    # -- stats ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        local, remote = self._local or "cpu", self.worker.name
+        c = self._counts
+        return {"hops": c["hops"], "hop_bytes": c["to"] + c["back"],
+                "round_trips": c["round_trips"], "forwards": c["forwards"],
+                "chained": bool(self._learned and self._learned["chain"] and self.use_chain),
+                "links": {f"{local}->{remote}": {"hops": c["round_trips"], "bytes": c["to"]},
+                          f"{remote}->{local}": {"hops": c["round_trips"], "bytes": c["back"]}}}
+
+
+def remote_range(module: nn.Module, blocks: Tuple[int, int], worker: RemoteDevice, file: str,
+                 **options) -> RemoteRange:
+    """Options: key_map (module tensor name -> file key), builder (('pkg.mod:factory',
+    kwargs) for a module that is not a diffusers model), block_names, release (default
+    True), chain (one round trip per range after a first learning forward; default
+    True), timeout_s (default the cluster's)."""
+    return RemoteRange(module, blocks, worker, file, **options)

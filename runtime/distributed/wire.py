@@ -1,0 +1,166 @@
+"""What crosses the wire: control messages as length-prefixed JSON on the authenticated
+socket, tensors packed into one byte buffer sent through the torch.distributed group.
+
+A payload (a block's args, kwargs or outputs) is split into a JSON skeleton and its
+tensors; tensors travel as raw bytes (any dtype, gloo or NCCL alike), each aligned so the
+receiver views them in place. Every blocking call is bounded by the caller's timeout.
+"""
+import datetime
+import json
+import socket
+import struct
+from typing import Any, List, Tuple
+
+import torch
+
+from ...placement.errors import PlacementError
+
+ACCEPTED = "tensors, tuples, lists, dicts with str/int keys, None, bool, int, float, str"
+_ALIGN = 16
+_MAX_MESSAGE = 64 * 1024 * 1024      # a control message past this is a broken peer
+TAG_TO_WORKER, TAG_TO_MAIN = 0, 1
+
+
+class LinkLost(Exception):
+    """The peer is gone or too slow: the session cannot be trusted any more."""
+
+
+# -- control messages -------------------------------------------------------------------
+def send_message(sock: socket.socket, message: dict) -> None:
+    data = json.dumps(message).encode()
+    try:
+        sock.sendall(struct.pack("<I", len(data)) + data)
+    except OSError as exc:
+        raise LinkLost(f"sending failed ({exc.strerror or exc})") from None
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        try:
+            chunk = sock.recv(n - len(out))
+        except socket.timeout:
+            raise LinkLost(f"no answer within {sock.gettimeout():g} s") from None
+        except OSError as exc:
+            raise LinkLost(f"connection failed ({exc.strerror or exc})") from None
+        if not chunk:
+            raise LinkLost("connection closed by the peer")
+        out += chunk
+    return bytes(out)
+
+
+def recv_message(sock: socket.socket) -> dict:
+    (n,) = struct.unpack("<I", _recv_exact(sock, 4))
+    if n > _MAX_MESSAGE:
+        raise LinkLost(f"control message of {n} bytes is past the {_MAX_MESSAGE} limit")
+    try:
+        message = json.loads(_recv_exact(sock, n))
+    except ValueError:
+        raise LinkLost("control message is not JSON") from None
+    if not isinstance(message, dict):
+        raise LinkLost("control message is not a JSON object")
+    return message
+
+
+# -- payloads ---------------------------------------------------------------------------
+def flatten(obj: Any) -> Tuple[Any, List[torch.Tensor]]:
+    """A JSON skeleton with tensors replaced by {"t": index}, and the tensors."""
+    tensors: List[torch.Tensor] = []
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            tensors.append(x)
+            return {"t": len(tensors) - 1}
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return {"v": x}
+        if isinstance(x, tuple):
+            return {"tuple": [walk(v) for v in x]}
+        if isinstance(x, list):
+            return {"list": [walk(v) for v in x]}
+        if isinstance(x, dict):
+            if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in x):
+                raise PlacementError(f"cannot send a dict with keys {list(x)[:3]!r} to a "
+                                     f"remote block range; accepted: {ACCEPTED}")
+            return {"dict": [[k, walk(v)] for k, v in x.items()]}
+        raise PlacementError(f"cannot send a {type(x).__name__} to a remote block range; "
+                             f"accepted: {ACCEPTED}")
+    return walk(obj), tensors
+
+
+def unflatten(skeleton: Any, tensors: List[torch.Tensor]) -> Any:
+    def walk(s):
+        if "t" in s:
+            return tensors[s["t"]]
+        if "v" in s:
+            return s["v"]
+        if "tuple" in s:
+            return tuple(walk(v) for v in s["tuple"])
+        if "list" in s:
+            return [walk(v) for v in s["list"]]
+        return {k: walk(v) for k, v in s["dict"]}
+    return walk(skeleton)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.replace("torch.", ""), None)
+    if not isinstance(dtype, torch.dtype):
+        raise LinkLost(f"unknown dtype {name!r} in a message")
+    return dtype
+
+
+def describe(tensors: List[torch.Tensor]) -> Tuple[List[dict], int]:
+    """Each tensor's dtype, shape and offset in the packed buffer; the buffer's size."""
+    metas, offset = [], 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        metas.append({"dtype": str(t.dtype), "shape": list(t.shape), "offset": offset})
+        offset += -(-n // _ALIGN) * _ALIGN
+    return metas, offset
+
+
+def pack(tensors: List[torch.Tensor], metas: List[dict], nbytes: int,
+         device: torch.device) -> torch.Tensor:
+    buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    for t, m in zip(tensors, metas):
+        n = t.numel() * t.element_size()
+        if n:
+            raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            buf[m["offset"]:m["offset"] + n].copy_(raw)
+    return buf
+
+
+def unpack(buf: torch.Tensor, metas: List[dict]) -> List[torch.Tensor]:
+    out = []
+    for m in metas:
+        dtype = _dtype(m["dtype"])
+        shape = [int(d) for d in m["shape"]]
+        count = 1
+        for d in shape:
+            count *= d
+        n = count * torch.empty((), dtype=dtype).element_size()
+        out.append(buf[m["offset"]:m["offset"] + n].view(dtype).reshape(shape))
+    return out
+
+
+# -- the tensor channel -----------------------------------------------------------------
+def _wait(work, timeout_s: float, what: str) -> None:
+    try:
+        work.wait(datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "Timed out" in first:
+            raise LinkLost(f"{what} timed out after {timeout_s:g} s") from None
+        raise LinkLost(f"{what} failed: {first.split('] ', 1)[-1][:160]}") from None
+
+
+def send_buffer(group, buf: torch.Tensor, peer: int, tag: int, timeout_s: float) -> None:
+    if buf.numel():
+        _wait(group.send([buf], peer, tag), timeout_s, "sending activations")
+
+
+def recv_buffer(group, nbytes: int, peer: int, tag: int, timeout_s: float,
+                device: torch.device) -> torch.Tensor:
+    buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    if nbytes:
+        _wait(group.recv([buf], peer, tag), timeout_s, "receiving activations")
+    return buf

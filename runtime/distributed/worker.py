@@ -1,0 +1,179 @@
+"""The worker: listens on HOST:PORT, admits a main process that proves the shared secret,
+joins its torch.distributed group, loads block ranges from its own model files (checked
+against the main process's hashes) and runs them on the activations it is sent.
+
+One session at a time; when the main process leaves or is lost, the worker drops what
+it loaded and listens again.
+"""
+import socket
+import sys
+from typing import Dict, Sequence
+
+import torch
+
+from ...placement.errors import PlacementError
+from . import builder, group as groups, rangefile, wire
+from .auth import worker_handshake
+from .chain import run_chain
+
+
+def _log(text: str) -> None:
+    print(f"worker: {text}", file=sys.stderr, flush=True)
+
+
+def _devices() -> list:
+    from ...placement.detect import torch_devices
+    return [{"name": d.name, "kind": d.kind, "total_bytes": d.total_bytes,
+             "free_bytes": d.free_bytes, "description": d.description}
+            for d in torch_devices()]
+
+
+def _torch_device(name: str) -> torch.device:
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda") and name[4:].isdigit():
+        if not torch.cuda.is_available() or int(name[4:]) >= torch.cuda.device_count():
+            raise PlacementError(f"this worker has no device {name}")
+        return torch.device(f"cuda:{name[4:]}")
+    raise PlacementError(f"this worker cannot run on {name!r}; it runs on cpu or cudaN")
+
+
+class LoadedRange:
+    def __init__(self, request: dict, models_dir: str, allowed: Sequence[str]):
+        path = rangefile.resolve_under(models_dir, str(request.get("file", "")))
+        rel = request["file"]
+        if rangefile.identity(path) != {"size": request.get("size"),
+                                         "header_sha256": request.get("header_sha256")}:
+            raise PlacementError(f"{rel} differs from the main process's copy (size or "
+                                 f"header hash); copy the same file to the worker")
+        self.device = _torch_device(str(request.get("device", "cpu")))
+        self.model = builder.build_on_meta(request["builder"], allowed)
+        keys: Dict[str, str] = request["keys"]
+        self.blocks = [self.model.get_submodule(n) for n in request["blocks"]]
+        wf = rangefile.open_safetensors(path)
+        try:
+            loaded = {}
+            for name, block in zip(request["blocks"], self.blocks):
+                for qualified, meta in builder.block_tensor_names(name, block).items():
+                    key = keys.get(qualified)
+                    if key is None:
+                        raise PlacementError(f"no file key sent for {qualified!r}")
+                    t = loaded.get(key)
+                    if t is None:
+                        t = loaded[key] = rangefile.read_tensor(wf, key)
+                    if tuple(t.shape) != tuple(meta.shape):
+                        raise PlacementError(f"{rel}: {key!r} is {list(t.shape)}, the "
+                                             f"model built here wants {list(meta.shape)}")
+                    builder.set_tensor(self.model, qualified, t.to(self.device))
+            if rangefile.range_digest(wf, keys.values(), loaded) != request["range_sha256"]:
+                raise PlacementError(f"{rel} differs from the main process's copy (the "
+                                     f"range's bytes hash differently); copy the same file")
+            self.nbytes = sum(t.numel() * t.element_size() for t in loaded.values())
+        finally:
+            wf.close()
+
+
+class Worker:
+    def __init__(self, host: str, port: int, models_dir: str, secret: bytes,
+                 allowed: Sequence[str] = builder.DEFAULT_ALLOWED, idle_timeout_s=None):
+        self.models_dir, self.secret, self.allowed = models_dir, secret, tuple(allowed)
+        self.idle_timeout_s = idle_timeout_s
+        self.listener = socket.create_server((host, port))
+        self.address = self.listener.getsockname()[:2]
+
+    def serve_forever(self) -> None:
+        print(f"listening on {self.address[0]}:{self.address[1]}", flush=True)
+        while True:
+            sock, addr = self.listener.accept()
+            try:
+                self._session(sock, f"{addr[0]}:{addr[1]}")
+            except Exception as exc:      # a broken session never stops the worker
+                _log(f"session from {addr[0]}:{addr[1]} ended: {exc}")
+            finally:
+                sock.close()
+
+    def _session(self, sock: socket.socket, peer: str) -> None:
+        sock.settimeout(30.0)                    # the handshake is quick or refused
+        try:
+            join = worker_handshake(sock, self.secret, {"devices": _devices()})
+        except wire.LinkLost as exc:
+            _log(f"refused {peer}: {exc}")
+            return
+        if join.get("op") != "join":
+            raise PlacementError(f"expected a join request, got {join.get('op')!r}")
+        timeout_s = float(join["timeout"])
+        backend = groups.check_backend(join["backend"])
+        local_host = sock.getsockname()[0]
+        group = groups.join_group(backend, join["store"][0], int(join["store"][1]),
+                                  join["prefix"], int(join["rank"]), int(join["world"]),
+                                  timeout_s, local_host)
+        _log(f"{peer} joined; rank {join['rank']} of {join['world']} ({backend})")
+        wire.send_message(sock, {"ok": True})
+        ranges: Dict[int, LoadedRange] = {}
+        sock.settimeout(self.idle_timeout_s)     # idle between steps: wait for the main
+        try:
+            while True:
+                request = wire.recv_message(sock)
+                op = request.get("op")
+                if op == "bye":
+                    return
+                if op == "run":
+                    self._run(sock, group, request, ranges, timeout_s, backend)
+                    continue
+                try:
+                    if op == "load":
+                        ranges[int(request["range"])] = r = LoadedRange(
+                            request, self.models_dir, self.allowed)
+                        _log(f"loaded {request['file']} blocks {request['blocks'][0]}.."
+                             f"{request['blocks'][-1]} ({r.nbytes} bytes) on {r.device}")
+                    elif op == "unload":
+                        ranges.pop(int(request["range"]), None)
+                    else:
+                        raise PlacementError(f"unknown request {op!r}")
+                    wire.send_message(sock, {"ok": True})
+                except PlacementError as exc:
+                    _log(f"refused {op}: {exc}")
+                    wire.send_message(sock, {"ok": False, "error": str(exc)})
+        except wire.LinkLost as exc:
+            _log(f"{peer} lost: {exc}")
+        finally:
+            ranges.clear()
+            groups.close_group(group)
+
+    def _run(self, sock, group, request, ranges, timeout_s, backend) -> None:
+        loaded = ranges.get(int(request.get("range", -1)))
+        where = loaded.device if loaded is not None else torch.device("cpu")
+        buf = wire.recv_buffer(group, int(request["nbytes"]), 0, wire.TAG_TO_WORKER, timeout_s,
+                               groups.comm_device(backend, where))
+        try:
+            if loaded is None:
+                raise PlacementError(f"range {request.get('range')} is not loaded here")
+            tensors = [t.to(where) for t in wire.unpack(buf, request["metas"])]
+            args, kwargs = wire.unflatten(request["skeleton"], tensors)
+            with torch.no_grad():
+                if request.get("mode") == "chain":
+                    out = run_chain(loaded.blocks, request["chain"], args, kwargs)
+                else:
+                    out = loaded.blocks[int(request["index"])](*args, **kwargs)
+            skeleton, outs = wire.flatten(out)
+        except Exception as exc:                  # the block failed: say so, stay joined
+            wire.send_message(sock, {"ok": False, "error": f"{type(exc).__name__}: "
+                                     f"{str(exc).splitlines()[0] if str(exc) else ''}"})
+            return
+        metas, nbytes = wire.describe(outs)
+        wire.send_message(sock, {"ok": True, "skeleton": skeleton, "metas": metas,
+                                 "nbytes": nbytes})
+        wire.send_buffer(group, wire.pack(outs, metas, nbytes,
+                                          groups.comm_device(backend, where)),
+                         0, wire.TAG_TO_MAIN, timeout_s)
+
+
+def serve(listen: str, models_dir: str, secret: bytes, allowed: Sequence[str]) -> None:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise PlacementError(f"invalid --listen {listen!r}; expected HOST:PORT, e.g. "
+                             f"0.0.0.0:7860 (port 0 picks a free one)")
+    import os
+    if not os.path.isdir(models_dir):
+        raise PlacementError(f"--models {models_dir!r} is not a folder")
+    Worker(host.strip("[]"), int(port), models_dir, secret, allowed).serve_forever()
