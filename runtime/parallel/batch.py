@@ -60,6 +60,20 @@ def cut_all(args, kwargs, batch: int, start: int, stop: int):
     return cut(args, batch, start, stop), cut(kwargs, batch, start, stop)
 
 
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+               "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def _drop_root_hooks(copy_root: nn.Module) -> None:
+    """The caller's hooks on the root already ran on the whole batch (the call goes
+    through the module itself); the copy's own dicts are emptied so they do not run once
+    more per share. Hooks deeper in the module run per share, as its forward does."""
+    for name in _HOOK_DICTS:
+        d = copy_root.__dict__.get(name)
+        if d:
+            copy_root.__dict__[name] = type(d)()
+
+
 def planned_speeds(plan, devices) -> Dict[str, float]:
     """The devices' throughput from the planner's cost model (plan.extra["fit"]), when the
     plan has one for every device; else {} (equal shares)."""
@@ -131,6 +145,7 @@ class BatchPlaced:
                 # made after the previous device packed the host copy: its tensors are
                 # the packed buffer (pageable) or the originals the store keyed it by
                 shadow = Shadow(self.module)
+                _drop_root_hooks(shadow.module)
                 repoint = self._chained_repoint(shadow) if i == 0 else None
                 placed = place(shadow.module, device_plan(self.plan, self.component, d),
                                self.component, self.inventory, link=self.links[d],

@@ -291,3 +291,16 @@ def test_shares_follow_the_planned_throughputs(tiny, sim_inventory):
     with place_batch(model, plan, "diffusion", sim_inventory) as placed:
         run(model, batched(inp, 4))
     assert placed.stats()["last_shares"] == {"cuda0": 1, "cuda1": 3}
+
+
+def test_the_callers_root_hooks_run_once_per_call(tiny, sim_inventory):
+    model, inp = tiny("sd3")
+    calls = []
+    handle = model.register_forward_pre_hook(lambda m, a, k: calls.append(
+        k["hidden_states"].shape[0]), with_kwargs=True)
+    try:
+        with place_batch(model, batch_plan(), "diffusion", sim_inventory):
+            run(model, batched(inp, 2))
+    finally:
+        handle.remove()
+    assert calls == [2]                    # the whole batch, once; not again per share
