@@ -31,9 +31,10 @@ def _per(o) -> str:
     return "per step" if o.runs > 1 else "per forward"
 
 
-def reasons_for(search: Search, o, use, options) -> List[str]:
+def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
     c, geo, rule = o.comp, search.geos[o.comp], search.rules[o.comp]
     out = []
+    yields = _yields_to_asked_split(search, o, chosen or {})
     if rule.runtime is not None:
         out.append(f"runtime {'&'.join(rule.runtime)} (asked)")
     if rule.params is not None:
@@ -84,6 +85,9 @@ def reasons_for(search: Search, o, use, options) -> List[str]:
                 how = (f"{'&'.join(o.runtime[:-len(streaming)])} filled and fully resident, "
                        f"{'&'.join(streaming)} sharing the rest in proportion to room, each "
                        f"streaming the tail of its range over its own link")
+            if rule.split_mode == "row":
+                out.append(f"split_mode row needs {fmt(geo.total)} held on "
+                           f"{'&'.join(o.runtime)} and a row split cannot stream")
             out.append(f"{size} > what {'&'.join(o.runtime)} hold together -> layer split, "
                        f"{how} ({parts}), params on {o.params}; "
                        f"{fmt(o.streamed_bytes)} {_per(o)} streamed (prefetch depth {o.depth}), "
@@ -123,12 +127,32 @@ def reasons_for(search: Search, o, use, options) -> List[str]:
                     out.append(f"{c} needs at least {fmt(need)} on a GPU, the most left beside "
                                f"the rest is {fmt(most)} -> runs on cpu (last resort), "
                                f"{_ms(o.compute_s)} {_per(o)}")
+    if yields:
+        out.append(yields)
     if o.source == "disk" and rule.params != "disk":
         out.append(f"host RAM budget {fmt(search.host_budget)} cannot hold every offloaded "
                    f"component -> params on disk, re-read each {phase} ({_ms(o.load_s)})")
     if options.offload_mode != "auto":
         out.append(f"offload_mode {options.offload_mode}")
     return out
+
+
+def _yields_to_asked_split(search: Search, o, chosen) -> str:
+    """A turn-taking component on a GPU that an asked split also uses: say that it takes
+    turns so the split gets that GPU (an explicit split is never starved by a component
+    auto-fit may move)."""
+    if o.persistent or o.kind == "cpu" or search.rules[o.comp].params is not None:
+        return ""
+    mine = set(o.runtime)
+    for other, x in sorted(chosen.items()):
+        asked = search.rules[other].runtime
+        if other == o.comp or x.phase == o.phase or not asked or len(asked) < 2:
+            continue
+        shared = [n for n in asked if n in mine]
+        if shared:
+            return (f"takes turns on {'&'.join(shared)}: the asked split of {other} over "
+                    f"{'&'.join(asked)} has it while {_ACTION[PHASE_ORDER[x.phase]]} runs")
+    return ""
 
 
 def _why_turns(search: Search, use, o, d: int) -> str:
@@ -164,11 +188,12 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
         rule = search.rules[comp]
         # an explicit device list is kept as written, even where a device got no block
         runtime = list(rule.runtime) if rule.runtime and o.kind == "split" else list(o.runtime)
-        split_mode = getattr(choices.get(comp), "split_mode", None) or o.split_mode or "layer"
+        split_mode = o.split_mode if o.kind == "split" else \
+            getattr(choices.get(comp), "split_mode", None) or "layer"
         cp = ComponentPlan(comp, runtime, o.params, split_mode,
                            present=True, total_bytes=search.geos[comp].total,
                            resident_bytes=o.resident_bytes, streamed_bytes=o.streamed_bytes,
-                           reasons=reasons_for(search, o, use, options))
+                           reasons=reasons_for(search, o, use, options, chosen))
         if o.kind == "stream" or o.per_device is not None:
             # a split that streams: resident_blocks counts every device's resident prefix;
             # extra.fit.components[c].stream_per_device has {device: [resident, of blocks]}
@@ -204,6 +229,12 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
     warnings = list(notes)
     for comp, info in infos.items():
         warnings += [f"{comp}: {w}" for w in getattr(info, "warnings", ())]
+    for comp, o in sorted(chosen.items()):
+        if search.rules[comp].split_mode == "row" and o.kind == "split" and \
+                o.split_mode != "row":
+            warnings.append(f"{comp}: split_mode row asked, but a row split over "
+                            f"{'&'.join(o.runtime)} cannot hold it and a row split does not "
+                            f"stream; planned a streaming layer split over them instead")
     sample = [o for o in chosen.values() if PHASES[o.comp] == "sample"]
     plan = Plan(devices, comps, warnings)
     plan.extra["device_table"] = table

@@ -53,8 +53,8 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
         r.stream = False
         r.prefix_zero = False
     if f"{r.split_mode}_split" not in caps:
-        r.persist_split = r.float_split = r.split_stream = False
-    if "split_stream" not in caps:
+        r.persist_split = r.float_split = False
+    if "split_stream" not in caps or "layer_split" not in caps:
         r.split_stream = False
     if "cpu_params" not in caps:
         r.float_res = r.stream = r.float_split = r.split_stream = False
@@ -122,7 +122,10 @@ def _rules(choice, geo: Geometry, preset: str, gpus: Sequence[str]) -> Rules:
         r.float_res = not split_only
         r.stream = streamable and not split_only
         r.float_split = may_split
-        r.split_stream = may_split and r.split_mode == "layer"
+        # a row split cannot stream (its shards are whole matrices): a component too big
+        # for a row split over the GPUs streams as a layer split over them instead of
+        # leaving all but one idle (fit_report says so)
+        r.split_stream = may_split
         r.cpu = runtime is None
     if not gpus and runtime is None:
         r.cpu = True            # no accelerator: every preset computes on the CPU
