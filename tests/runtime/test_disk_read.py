@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from comfyui_placement.placement.errors import PlacementError
 from comfyui_placement.runtime import place, readpool
+from comfyui_placement.runtime.split.disk import read_staged, staged
 from comfyui_placement.runtime.weightfile import open_weight_file
 
 FILE_BYTES = 96 * 1024
@@ -230,6 +231,30 @@ def test_two_callers_at_once_each_get_their_bytes(weights):
     assert not errors
     for i, b in enumerate(bufs):
         assert bytes(b.numpy()) == data[i * 7000:i * 7000 + 30_000]
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layout=layouts(), cap=st.integers(1, 30_000))
+def test_staged_reads_fit_the_staging_buffer_and_match_direct_reads(weights, layout, cap):
+    """The resident fill onto a GPU goes through a staging buffer; the same function on a
+    CPU destination must give the bytes a direct read gives."""
+    path, data = weights
+    runs, size = layout
+    batches = list(staged(runs, cap))
+    for batch in batches:
+        assert sum(n for *_, n in batch) <= cap
+        assert all(s + n <= cap for _, _, s, n in batch)
+    assert sum(n for batch in batches for *_, n in batch) == sum(n for *_, n in runs)
+    wf = open_weight_file(path, readers=2, chunk=1000)
+    try:
+        direct = torch.zeros(size, dtype=torch.uint8)
+        wf.read_runs(runs, direct)
+        through = torch.zeros(size, dtype=torch.uint8)
+        read_staged(wf, runs, through, torch.empty(cap, dtype=torch.uint8))
+        assert torch.equal(direct, through)
+    finally:
+        wf.close()
 
 
 def test_bad_buffers_and_runs_are_refused(weights):
