@@ -29,14 +29,14 @@ class Option:
     __slots__ = ("comp", "kind", "runtime", "params", "source", "split_mode", "resident_blocks",
                  "depth", "ranges", "persist", "use", "host_persist", "host_use",
                  "resident_bytes", "streamed_bytes", "loaded_bytes", "hops", "compute_s",
-                 "transfer_s", "forward_s", "load_s", "cost", "runs", "phase", "layout",
+                 "host_blocks", "transfer_s", "forward_s", "load_s", "cost", "runs", "phase", "layout",
                  "per_device")
 
     def __init__(self, comp, kind, runtime, runs, phase):
         self.comp, self.kind, self.runtime, self.runs, self.phase = comp, kind, runtime, runs, phase
         self.split_mode = "layer"
         self.resident_blocks = self.depth = self.ranges = self.layout = self.per_device = None
-        self.streamed_bytes = self.hops = self.host_use = 0
+        self.streamed_bytes = self.hops = self.host_use = self.host_blocks = 0
         self.transfer_s = 0.0
 
     @property
@@ -102,27 +102,37 @@ class Pricing:
         o.cost = o.runs * o.forward_s + o.load_s
         return o
 
-    def stream(self, c: str, d: int, k: int, depth: int, source: str = "cpu") -> Option:
-        key = ("s", c, d, k, depth, source)
+    def stream(self, c: str, d: int, k: int, depth: int, source: str = "cpu",
+               host_blocks: int = 0) -> Option:
+        """Streamed on GPU d with a resident prefix of k blocks. With source disk, the
+        first `host_blocks` streamed blocks rest in host RAM (read over the link each
+        forward) and the rest are read from the file: RAM first, disk for what it
+        cannot hold (plan.StreamPlan.host_blocks)."""
+        key = ("s", c, d, k, depth, source, host_blocks)
         o = self._memo.get(key)
         if o is None:
-            o = self._memo[key] = self._stream(c, d, k, depth, source)
+            o = self._memo[key] = self._stream(c, d, k, depth, source, host_blocks)
         return o
 
-    def _stream(self, c, d, k, depth, source) -> Option:
+    def _stream(self, c, d, k, depth, source, host_blocks) -> Option:
         geo, w = self.geos[c], self.work[c]
         name = self.gpus[d]
         bw = self.model.source_bandwidth(name, source)
         compute = self._compute_s(c, 1.0, d)
         streamed = geo.streamed_bytes(k)
-        transfer = streamed / bw
+        in_ram = 0
+        if source == "disk":
+            host_blocks = max(0, min(host_blocks, geo.n - k))
+            in_ram = geo.prefix[k + host_blocks] - geo.prefix[k]
+        transfer = in_ram / self.model.source_bandwidth(name, "cpu") + (streamed - in_ram) / bw
         resident = geo.non_block + geo.prefix[k]
         o = Option(c, "stream", [name], w.runs, self.phase_of[c])
         o.params = o.source = source
         o.resident_blocks, o.depth = k, depth
+        o.host_blocks = host_blocks if source == "disk" else 0
         o.persist = {}
         o.use = {d: geo.stream_weights(k, depth) + geo.headroom}
-        o.host_persist = geo.total if source == "cpu" else 0
+        o.host_persist = geo.total if source == "cpu" else in_ram
         o.resident_bytes, o.streamed_bytes, o.loaded_bytes = resident, streamed, resident
         o.compute_s, o.transfer_s = compute, transfer
         o.forward_s = streamed_forward(compute, transfer, depth, geo.n - k)
@@ -279,6 +289,20 @@ class Pricing:
         o.load_s = geo.total / self.model.disk_bandwidth if disk else 0.0
         o.cost = o.runs * o.forward_s + o.load_s
         return o
+
+    def with_host_blocks(self, o: Option, host_blocks: int) -> Option:
+        """A streamed placement resting on disk with its first `host_blocks` streamed
+        blocks in host RAM."""
+        return self.stream(o.comp, self.gidx[o.runtime[0]], o.resident_blocks, o.depth,
+                           "disk", host_blocks)
+
+    def host_blocks_within(self, o: Option, host_bytes: int) -> int:
+        """The most streamed blocks of `o` (in execution order) that `host_bytes` hold."""
+        geo, k = self.geos[o.comp], o.resident_blocks
+        h = 0
+        while k + h < geo.n and geo.prefix[k + h + 1] - geo.prefix[k] <= host_bytes:
+            h += 1
+        return h
 
     def rebuild(self, o: Option, source: str) -> Option:
         """The same placement with its weights resting in `source` instead."""

@@ -130,8 +130,17 @@ def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
     if yields:
         out.append(yields)
     if o.source == "disk" and rule.params != "disk":
-        out.append(f"host RAM budget {fmt(search.host_budget)} cannot hold every offloaded "
-                   f"component -> params on disk, re-read each {phase} ({_ms(o.load_s)})")
+        if o.kind == "stream":
+            geo_k = o.resident_blocks
+            in_ram = geo.prefix[geo_k + o.host_blocks] - geo.prefix[geo_k]
+            out.append(f"host RAM budget {fmt(search.host_budget)} cannot hold every "
+                       f"offloaded component -> params on disk, RAM first: {o.host_blocks} of "
+                       f"{geo.n - geo_k} streamed blocks ({fmt(in_ram)}) rest in host RAM, "
+                       f"{fmt(o.streamed_bytes - in_ram)} read from disk {_per(o)}; the "
+                       f"resident prefix is read from disk each {phase} ({_ms(o.load_s)})")
+        else:
+            out.append(f"host RAM budget {fmt(search.host_budget)} cannot hold every offloaded "
+                       f"component -> params on disk, re-read each {phase} ({_ms(o.load_s)})")
     if options.offload_mode != "auto":
         out.append(f"offload_mode {options.offload_mode}")
     return out
@@ -197,7 +206,7 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
         if o.kind == "stream" or o.per_device is not None:
             # a split that streams: resident_blocks counts every device's resident prefix;
             # extra.fit.components[c].stream_per_device has {device: [resident, of blocks]}
-            cp.stream = StreamPlan(o.resident_blocks, o.depth)
+            cp.stream = StreamPlan(o.resident_blocks, o.depth, o.host_blocks)
         if o.kind == "split" and o.ranges is not None:
             cp.blocks = {n: [a, b] for n, (a, b) in zip(o.runtime, o.ranges)}
         comps[comp] = cp

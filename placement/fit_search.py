@@ -305,11 +305,18 @@ class Search(Pricing):
         return result
 
     def _host(self, chosen: Dict[str, Option]) -> Optional[Dict[str, Option]]:
-        """Params rest on disk only when host RAM cannot hold them: move the ones whose
-        move costs least per byte freed until the host budget holds."""
+        """Host RAM first, disk only for what it cannot hold. While the host budget is
+        over, the placement whose move costs least per byte freed rests (more) on disk:
+        a streamed one only as many of its streamed blocks as the overrun needs (the
+        first streamed blocks stay in RAM, the rest are read from the file each forward),
+        any other whole. RAM left over then takes back streamed blocks."""
         chosen = dict(chosen)
         tried = set()
-        while self._host_peak(chosen) > self.host_budget:
+        while True:
+            peak = self._host_peak(chosen)
+            over = peak - self.host_budget
+            if over <= 0:
+                break
             best = None
             for c, o in sorted(chosen.items()):
                 # splits read their weights from host memory (runtime/split: no disk yet)
@@ -317,7 +324,10 @@ class Search(Pricing):
                         or o.kind == "split" or not self.rules[c].disk:
                     continue
                 alt = self.rebuild(o, "disk")
-                freed = self._host_peak(chosen) - self._host_peak({**chosen, c: alt})
+                if o.kind == "stream":
+                    keep = o.host_persist - over        # host bytes it may go on holding
+                    alt = self.with_host_blocks(alt, self.host_blocks_within(alt, keep))
+                freed = peak - self._host_peak({**chosen, c: alt})
                 if freed <= 0:
                     continue
                 score = (alt.cost - o.cost) / freed
@@ -327,6 +337,19 @@ class Search(Pricing):
                 return None
             tried.add(best[1])
             chosen[best[1]] = best[2]
+        return self._fill_host(chosen)
+
+    def _fill_host(self, chosen: Dict[str, Option]) -> Dict[str, Option]:
+        """Give host RAM left over to streamed blocks auto-fit sent to disk, the most
+        often read first (sampled components run every step)."""
+        movable = [c for c, o in chosen.items() if o.kind == "stream" and o.source == "disk"
+                   and self.rules[c].params != "disk"]
+        for c in sorted(movable, key=lambda c: (-chosen[c].runs, c)):
+            o = chosen[c]
+            slack = self.host_budget - self._host_peak(chosen)
+            h = self.host_blocks_within(o, o.host_persist + slack)
+            if h > o.host_blocks:
+                chosen[c] = self.with_host_blocks(o, h)
         return chosen
 
     @staticmethod
