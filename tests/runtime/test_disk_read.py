@@ -350,3 +350,78 @@ def test_gguf_quantized_entries_are_read_by_byte_range_only(plan_for, sim_invent
     for (o, m), got in per_entry.items():       # each entry read whole, once per step
         assert got % m == 0 and steps <= got // m <= steps + 1, (o, m, got)   # (+1: the
     assert sum(per_entry.values()) < os.path.getsize(path) // 50      # next step prefetched)
+
+
+def test_an_interrupted_read_returns_only_after_the_started_reads_end(weights, monkeypatch):
+    """A read that raises (here an interrupt in the caller's own piece) must not return
+    while reader threads still write into the buffer the caller will reuse."""
+    path, _ = weights
+    inflight, lock = [0], threading.Lock()
+    real = readpool.pread_full
+    caller = threading.get_ident()
+
+    def piece(fd, mv, off, p):
+        if threading.get_ident() == caller and off > 0:
+            time.sleep(0.01)                         # the readers have started theirs
+            raise KeyboardInterrupt
+        with lock:
+            inflight[0] += 1
+        time.sleep(0.05)
+        real(fd, mv, off, p)
+        with lock:
+            inflight[0] -= 1
+
+    monkeypatch.setattr(readpool, "pread_full", piece)
+    wf = open_weight_file(path, readers=3, chunk=2048)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wf.read_runs([(0, 0, 40 * 2048)], torch.zeros(40 * 2048, dtype=torch.uint8))
+        assert inflight[0] == 0
+    finally:
+        wf.close()
+
+
+def test_a_file_truncated_while_streaming_in_pieces_leaves_no_reader(tiny, plan_for,
+                                                                     sim_inventory, tmp_path,
+                                                                     monkeypatch):
+    """Streaming through the engine with blocks cut into many pieces (the tiny model's
+    blocks are smaller than the default piece): a truncation mid-run gives one error
+    naming it, and the placement's reader threads and descriptor are gone after."""
+    from comfyui_placement.runtime.weightfile import WeightFile
+    monkeypatch.setattr(readpool, "CHUNK", 1024)
+    model, inp = tiny("flux")
+    with torch.no_grad():
+        ref = model(**inp)[0]
+    path = str(tmp_path / "flux.safetensors")
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, path)
+    plan = plan_for("disk", stream=(0, 1))
+    threads, fds = len(reader_threads()), open_fds()
+    with place(model, plan, "diffusion", sim_inventory, weights_file=path):
+        with torch.no_grad():
+            assert torch.equal(model(**inp)[0], ref)
+        assert len(reader_threads()) > threads       # the pieces were read in parallel
+    assert len(reader_threads()) == threads and open_fds() == fds
+    original, calls = WeightFile.read_runs, [0]
+
+    def cut_at_third(self, runs, buf):
+        calls[0] += 1
+        if calls[0] == 3:
+            end = max(f + n for f, _, n in runs)
+            with open(path, "r+b") as fh:         # cut inside this block, keep the mtime
+                st = os.fstat(fh.fileno())
+                fh.truncate(end - 10)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+            self._identity = (end - 10, st.st_mtime_ns)   # pass the size check: the
+        return original(self, runs, buf)                  # short read must catch it
+
+    monkeypatch.setattr(WeightFile, "read_runs", cut_at_third)
+    with pytest.raises((RuntimeError, PlacementError)) as info:
+        with place(model, plan, "diffusion", sim_inventory, weights_file=path):
+            for _ in range(2):
+                with torch.no_grad():
+                    model(**inp)
+    cause = info.value if isinstance(info.value, PlacementError) else info.value.__cause__
+    assert isinstance(cause, PlacementError) and "file ends early" in str(cause)
+    assert not any("teardown" in n for n in getattr(info.value, "__notes__", []))
+    assert len(reader_threads()) == threads and open_fds() == fds
