@@ -46,7 +46,8 @@ class Group:
         self.tensors = [tensors[i] for i in idx]
         self.names = [list(names[i]) for i in idx]
         self.dtypes = [t.dtype for t in self.tensors]
-        self.shapes = [tuple(t.shape) for t in self.tensors]
+        # size(), not .shape: a GGUF tensor subclass reports its dequantized shape there
+        self.shapes = [tuple(t.size()) for t in self.tensors]
         self.offsets, self.sizes, off = [], [], 0
         for t in self.tensors:
             n = t.numel() * t.element_size()

@@ -31,12 +31,13 @@ def alias(t: torch.Tensor, inference: bool = False,
     """A plain tensor over `t`'s memory (shape and strides of `like`, default `t`), an
     inference tensor when `inference` is true, a normal one otherwise."""
     like = t if like is None else like
+    size = like.size()          # not .shape: GGUF tensor subclasses report another there
     with torch.inference_mode(inference):
         if t.is_meta:
-            return torch.empty_strided(like.shape, like.stride(), dtype=like.dtype,
+            return torch.empty_strided(size, like.stride(), dtype=like.dtype,
                                        device="meta")
         return torch.empty(0, dtype=like.dtype, device=t.device).set_(
-            t.untyped_storage(), t.storage_offset(), like.shape, like.stride())
+            t.untyped_storage(), t.storage_offset(), size, like.stride())
 
 
 def _copy_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -102,7 +103,7 @@ class Shadow:
         False (nothing done) where that would change what the original looks like."""
         orig = self._originals.get(id(t))
         if orig is None or orig.is_meta or orig.device != view.device or \
-                orig.dtype != view.dtype or orig.shape != view.shape:
+                orig.dtype != view.dtype or orig.size() != view.size():
             return False
         if orig.data_ptr() == view.data_ptr():
             return True

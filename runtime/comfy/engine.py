@@ -41,6 +41,7 @@ from ...runtime.hoststore import drop_store, store_for
 from ...runtime.place import place
 from ...runtime.shadow import Shadow
 from .engine_patcher import KEY, engine_patcher_class, strip_engine
+from .gguf_models import gguf_key_map, gguf_model_file, is_gguf_module, missing_file_error
 from .patchers import plain_clone
 from .row_lora import row_lora_options
 from .shares import register_shares
@@ -71,8 +72,8 @@ def run_on_copy(executor, base, view, args, kwargs):
 def diffusion_file(patcher) -> Optional[str]:
     """The file a MODEL was loaded from, when a core loader recorded it."""
     init = getattr(patcher, "cached_patcher_init", None)
-    if not init:
-        return None
+    if not init:                # ComfyUI-GGUF records none: its mapping names the file
+        return gguf_model_file(patcher.model.diffusion_model)
     fn, args = init[0], init[1]
     if fn is comfy.sd.load_diffusion_model or fn is comfy.sd.load_checkpoint_guess_config:
         return args[0]
@@ -83,6 +84,8 @@ def file_key_map(path: str, module) -> Callable[[str], str]:
     """Module tensor name -> file key: diffusion-model files store the names bare,
     checkpoints under a prefix."""
     from safetensors import safe_open
+    if path.lower().endswith(".gguf"):
+        return gguf_key_map(path, module)
     if not path.lower().endswith(".safetensors"):
         return lambda k: k
     with safe_open(path, framework="pt") as fh:
@@ -236,6 +239,8 @@ def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
     device = inventory.get(cp.main_device)
     load = torch.device("cpu") if device.simulated else torch.device(device.torch_device)
     weights_file = diffusion_file(model)
+    if cp.params == "disk" and not weights_file and is_gguf_module(model.model):
+        raise missing_file_error(model.model)
     if cp.params == "disk" and not weights_file:
         raise PlacementError("diffusion: params disk needs the model's file, and this MODEL "
                              "does not come from a core loader that records it (Load "

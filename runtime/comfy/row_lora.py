@@ -119,17 +119,21 @@ def comfy_lora_for_rows(module, component: str) -> Tuple[Dict[str, List], List]:
     for name, lin in eligible_linears(module, None):
         weight_fns = getattr(lin, "weight_function", None) or []
         bias_fns = getattr(lin, "bias_function", None) or []
-        if not weight_fns and not bias_fns:
+        # ComfyUI-GGUF keeps a quantized weight's patches on the tensor: [(patches, key)]
+        on_tensor = [e for plist, _ in (getattr(lin.weight, "patches", None) or [])
+                     for e in plist]
+        if not weight_fns and not bias_fns and not on_tensor:
             continue
-        carrying.append(lin)
+        if weight_fns or bias_fns:
+            carrying.append(lin)
         bias_patches = _patch_lists(bias_fns, name, component, "bias")
         if bias_patches:
             raise PlacementError(f"{component}: row split cannot shard {name} with its bias "
                                  f"{patch_kind(bias_patches[0][1])} patch; only plain LoRA "
                                  f"weight patches are sliced by rows; use split_mode layer "
                                  f"for this model")
-        entries = lora_entries(_patch_lists(weight_fns, name, component, "weight"), name,
-                               tuple(lin.weight.shape), component)
+        entries = lora_entries(_patch_lists(weight_fns, name, component, "weight")
+                               + on_tensor, name, tuple(lin.weight.shape), component)
         if entries:
             lora[name] = entries
     return lora, carrying

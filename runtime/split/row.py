@@ -22,6 +22,7 @@ from torch import nn
 
 from ...placement.errors import PlacementError
 from ..blocks import find_blocks
+from ..gguf.linear import quantized_rows
 from ..residency import Group
 from ..tensors import make_group, seen_bytes, to_device
 from .base import SplitBase
@@ -156,7 +157,8 @@ class RowSplit(SplitBase):
                 raise PlacementError(f"{self.component}: lora for {name!r} has up "
                                      f"{tuple(up.shape)} and down {tuple(down.shape)}; "
                                      f"expected up ({out_f}, r) and down (r, {in_f})")
-            checked.append((up.to(lin.weight.dtype), down.to(lin.weight.dtype), scale))
+            dtype = lin.weight.dtype if lin.weight.is_floating_point() else torch.float32
+            checked.append((up.to(dtype), down.to(dtype), scale))
         return checked
 
     # -- hooks --------------------------------------------------------------------------
@@ -175,7 +177,7 @@ class RowSplit(SplitBase):
                 shards.append(_Shard(d, w, b, [(p[a], p[u], s) for a, u, s in loras]))
             previous = lin.__dict__.get("forward", _MISSING)
             self._overrides.append((lin, previous))
-            lin.forward = self._forward_fn(shards)
+            lin.forward = self._forward_fn(shards, quantized_rows(lin))
 
     def _detach(self) -> None:
         super()._detach()
@@ -186,7 +188,8 @@ class RowSplit(SplitBase):
                 lin.forward = previous
         self._overrides = []
 
-    def _forward_fn(self, shards: List[_Shard]):
+    def _forward_fn(self, shards: List[_Shard], dequantize=None):
+        # dequantize: GGUF weights stay quantized bytes in the shards (runtime/gguf/linear)
         mover = self.mover
         ledgers = [t.ledger for t in self.targets]
         last = [None, None]          # (input, {device: copy}): q/k/v share one send
@@ -206,8 +209,14 @@ class RowSplit(SplitBase):
                     if xd is None:
                         xd = sent[d] = mover.copy_to(x, d, 0)
                         self.hops += 1
-                y = F.linear(xd, s.weight, s.bias)
+                if dequantize is None:
+                    y = F.linear(xd, s.weight, s.bias)
+                else:
+                    b = None if s.bias is None else s.bias.to(xd.dtype)
+                    y = F.linear(xd, dequantize(s.weight, xd.dtype), b)
                 for down, up, scale in s.loras:
+                    if dequantize is not None:
+                        down, up = down.to(xd.dtype), up.to(xd.dtype)
                     y = y + scale * F.linear(F.linear(xd, down), up)
                 if d != 0:
                     ledgers[d].set_activations(xd.numel() * xd.element_size()

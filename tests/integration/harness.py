@@ -26,6 +26,19 @@ MARKS = [
 ]
 
 
+def require_comfyui_gguf() -> None:
+    """ComfyUI-GGUF in the checkout's custom_nodes (WITH_GGUF=1 comfyui-harness installs
+    it): a failure where the integration tests must run (CI), a skip otherwise."""
+    where = os.path.join(COMFYUI_PATH, "custom_nodes", "ComfyUI-GGUF")
+    if os.path.isfile(os.path.join(where, "nodes.py")):
+        return
+    msg = (f"ComfyUI-GGUF is not installed in {where}; install it with "
+           f"WITH_GGUF=1 ../shared/tools/comfyui-harness")
+    if REQUIRED:
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
 def comfy_python() -> str:
     for candidate in (os.environ.get("COMFYUI_PYTHON"),
                       os.path.join(COMFYUI_PATH, "venv", "bin", "python"),

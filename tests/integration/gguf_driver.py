@@ -1,0 +1,176 @@
+"""Runs inside ComfyUI's own Python, with ComfyUI-GGUF installed: GGUF models loaded by
+ComfyUI-GGUF's "Unet Loader (GGUF)" go through Apply Placement (streamed from host
+memory and from the file, layer split, row split, with LoRA), and each image is compared
+with ComfyUI-GGUF's own run without placement.
+
+Started by test_gguf.py as `PYTHON gguf_driver.py --comfyui DIR --pack DIR --work DIR`.
+It reuses comfy_driver.py's headless ComfyUI, prompts and observers, writes tiny GGUF
+files of the real Flux architecture (the driver's tiny random Flux models, quantized
+Q8_0 and Q4_K by the pack's writer), and prints one JSON object. It asserts nothing.
+"""
+import asyncio
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import comfy_driver as cd  # noqa: E402  (parses the same arguments, sets ComfyUI up)
+
+import torch  # noqa: E402
+import safetensors.torch  # noqa: E402
+
+import execution  # noqa: E402
+import nodes  # noqa: E402
+import server  # noqa: E402
+
+RESULTS = {"errors": []}
+# devices smaller than the quantized models (Q8_0 tiny Flux 1.9 MB, Q4_K wide one 2.3 MB)
+STREAM_INVENTORY = "cuda0=1700KiB"
+SPLIT_INVENTORY = "cuda0=1500KiB,cuda1=1500KiB"
+WIDE_INVENTORY = "cuda0=1600KiB,cuda1=1600KiB"
+
+
+def build_gguf_files(work):
+    """The driver's tiny Flux models as GGUF, named and laid out as ComfyUI-GGUF expects."""
+    from comfyui_placement.runtime.gguf.write import write_gguf
+    from comfyui_placement.runtime.gguf import GGUFTensors
+    d = os.path.join(work, "models", "diffusion_models")
+    out = {}
+    for src, qtype, dst in (("tiny_flux.safetensors", "Q8_0", "tiny_flux_q8_0.gguf"),
+                            ("tiny_flux_wide.safetensors", "Q4_K", "tiny_flux_wide_q4_k.gguf")):
+        sd = safetensors.torch.load_file(os.path.join(d, src))
+        written = write_gguf(os.path.join(d, dst), sd, qtype, arch="flux")
+        table = GGUFTensors(os.path.join(d, dst))
+        out[dst] = {"types": table.types(), "bytes": sum(t.nbytes for t in table),
+                    "float32_bytes": sum(v.numel() * 4 for v in sd.values()),
+                    "block_bytes": sum(t.nbytes for t in table if "blocks." in t.name),
+                    "quantized": sum(1 for k in written.values() if k != "F32")}
+        table.close()
+    return out
+
+
+async def start(pack, work):
+    """comfy_driver's headless ComfyUI, with ComfyUI-GGUF linked next to the pack."""
+    custom = os.path.join(work, "custom_nodes")
+    os.makedirs(custom, exist_ok=True)
+    src = os.path.join(cd.ARGS.comfyui, "custom_nodes", "ComfyUI-GGUF")
+    RESULTS["comfyui_gguf_installed"] = os.path.isfile(os.path.join(src, "nodes.py"))
+    if RESULTS["comfyui_gguf_installed"]:
+        link = os.path.join(custom, "ComfyUI-GGUF")
+        if not os.path.lexists(link):
+            os.symlink(src, link)
+    await cd.start_comfy(pack, work)
+    RESULTS["registered"] = {n: n in nodes.NODE_CLASS_MAPPINGS
+                             for n in ("UnetLoaderGGUF", "DualCLIPLoaderGGUF", "PlacementApply")}
+
+
+def gguf_pipeline(unet, **kw):
+    prompt = cd.pipeline(**kw)
+    prompt["1"] = {"class_type": "UnetLoaderGGUF", "inputs": {"unet_name": unet}}
+    return prompt
+
+
+def ggml_weights(model):
+    """The loader's GGMLTensors as plain uint8/float copies with their patches count."""
+    out = {}
+    for k, v in model.model.diffusion_model.named_parameters():
+        out[k] = torch.Tensor(v.detach()).to("cpu", copy=True) if hasattr(v, "tensor_type") \
+            else v.detach().to("cpu", copy=True)
+    return out
+
+
+def patches_left(model):
+    return sum(len(getattr(p, "patches", []) or []) for p in model.model.parameters())
+
+
+async def run(executor, name, prompt, ref=None):
+    rec = await cd.run_prompt(executor, prompt, name)
+    rec["session"] = cd.session_facts(name)
+    if ref:
+        rec["image"] = cd.compare(name, ref)
+    RESULTS[name] = rec
+    return rec
+
+
+async def scenarios(executor, q8, wide):
+    base = {"backend": "diffusion=cuda0,vae=cpu", "stream_layers": True}
+    # ComfyUI-GGUF's own runs: the references
+    await run(executor, "reference", gguf_pipeline(q8, placed=False, tag="reference",
+                                                   keep=True))
+    loader_model = cd.KEPT["reference"]["model"]
+    weights_before = ggml_weights(loader_model)
+    RESULTS["loader_patcher"] = type(loader_model).__name__
+    await run(executor, "lora_reference", gguf_pipeline(q8, placed=False, lora="before",
+                                                        tag="lora_reference"))
+    RESULTS["lora_changes_image"] = cd.compare("lora_reference", "reference")
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = STREAM_INVENTORY
+    try:
+        for residency in ("cpu", "disk"):
+            tag = f"stream_{residency}"
+            await run(executor, tag, gguf_pipeline(
+                q8, params_backend=f"diffusion={residency}", tag=tag, keep_placed=True, **base),
+                "reference")
+        for where, residency in (("before", "cpu"), ("after", "disk")):
+            tag = f"lora_{where}_{residency}"
+            await run(executor, tag, gguf_pipeline(
+                q8, params_backend=f"diffusion={residency}", lora=where, tag=tag,
+                keep_placed=True, **base), "lora_reference")
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = SPLIT_INVENTORY
+    try:
+        await run(executor, "split_layer", gguf_pipeline(
+            q8, backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+            split_mode="layer", tag="split_layer", keep_placed=True), "reference")
+        await run(executor, "split_layer_lora", gguf_pipeline(
+            q8, backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+            split_mode="layer", lora="before", tag="split_layer_lora", keep_placed=True),
+            "lora_reference")
+        await run(executor, "split_layer_disk", gguf_pipeline(
+            q8, backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=disk",
+            split_mode="layer", tag="split_layer_disk", keep_placed=True), "reference")
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+    RESULTS["loader_weights_unchanged"] = cd.same_weights(weights_before,
+                                                          ggml_weights(loader_model))
+    RESULTS["loader_patches_left"] = patches_left(loader_model)
+    # the wide Q4_K model: row split shards its block Linears (256 wide and more)
+    wide_lora = "tiny_flux_wide_lora.safetensors"
+    await run(executor, "wide_reference", gguf_pipeline(wide, placed=False,
+                                                        tag="wide_reference"))
+    await run(executor, "wide_lora_reference", gguf_pipeline(
+        wide, placed=False, lora="before", lora_name=wide_lora, tag="wide_lora_reference"))
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = WIDE_INVENTORY
+    try:
+        await run(executor, "wide_row", gguf_pipeline(
+            wide, backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+            split_mode="row", tag="wide_row", keep_placed=True), "wide_reference")
+        await run(executor, "wide_row_lora", gguf_pipeline(
+            wide, backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+            split_mode="row", lora="before", lora_name=wide_lora, tag="wide_row_lora",
+            keep_placed=True), "wide_lora_reference")
+        RESULTS["wide_row_lora_vs_plain"] = cd.compare("wide_row_lora", "wide_reference")
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+
+
+async def main():
+    work = cd.ARGS.work
+    cd.build_models(work)
+    RESULTS["files"] = build_gguf_files(work)
+    await start(cd.ARGS.pack, work)
+    if not RESULTS["registered"]["UnetLoaderGGUF"]:
+        return                                  # the pytest side says what is missing
+    executor = execution.PromptExecutor(server.PromptServer.instance,
+                                        cache_type=execution.CacheType.CLASSIC,
+                                        cache_args={"ram": 16.0, "ram_inactive": 16.0})
+    await scenarios(executor, "tiny_flux_q8_0.gguf", "tiny_flux_wide_q4_k.gguf")
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main())
+    except Exception:
+        RESULTS["errors"].append(traceback.format_exc())
+    print("PLACEMENT_GGUF_RESULTS " + json.dumps(cd.jsonable(RESULTS)))
