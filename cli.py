@@ -7,6 +7,7 @@ import json
 import sys
 
 from .placement import Inventory, PlacementError, PlacementSpec, plan as make_plan
+from .cli_calibrate import speed_options
 from .placement.components import COMPONENTS, canonical_component
 
 
@@ -84,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resolution", default="1024x1024", help="WxH of the image")
     p.add_argument("--frames", default="1", help="video frames")
     p.add_argument("--batch", default="1", help="batch size")
+    from .cli_calibrate import add_calibrate_parser, add_speed_flags
+    add_speed_flags(p)
+    add_calibrate_parser(sub)
     demo = sub.add_parser("demo", help="plan and run a small built-in model on a simulated "
                                        "two-GPU inventory, compared with an all-resident run")
     demo.add_argument("--json", action="store_true", help="print the stats as JSON too")
@@ -129,9 +133,14 @@ def _cmd_plan(args) -> int:
     result = make_plan(spec, _inventory(args), _models(args.model) or None, strict=True,
                        resolution=_resolution(args.resolution),
                        frames=_positive(args.frames, "frame count"),
-                       batch=_positive(args.batch, "batch size"))
+                       batch=_positive(args.batch, "batch size"), **speed_options(args))
     print(result.to_json() if args.json else result.report())
     return 0
+
+
+def _cmd_calibrate(args) -> int:
+    from .cli_calibrate import run_calibrate_command
+    return run_calibrate_command(args, Inventory.detect())
 
 
 def _cmd_demo(args) -> int:
@@ -143,7 +152,8 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return {"devices": _cmd_devices, "plan": _cmd_plan, "demo": _cmd_demo,
-                "selftest": _cmd_selftest, "worker": _cmd_worker}[args.command](args)
+                "selftest": _cmd_selftest, "calibrate": _cmd_calibrate,
+                "worker": _cmd_worker}[args.command](args)
     except PlacementError as exc:
         print(f"placement error: {exc}", file=sys.stderr)
         return 2

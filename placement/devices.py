@@ -26,6 +26,8 @@ class Device:
     description: str = ""
     torch_device: Optional[str] = None   # 'cuda:0'; None for a simulated accelerator
     simulated: bool = False
+    throughput: Optional[float] = None   # FLOP/s given in a --simulate entry (what-if)
+    bandwidth: Optional[float] = None    # host->device B/s given in a --simulate entry
 
     @property
     def is_accelerator(self) -> bool:
@@ -63,6 +65,22 @@ def _host_memory() -> Tuple[int, int]:
     return total, avail or total
 
 
+def _speeds(name: str, speeds, accepted: str):
+    """'@165T' is a throughput, '@25GB/s' a host link bandwidth; each at most once."""
+    from .machine_figures import parse_bandwidth, parse_throughput
+    throughput = bandwidth = None
+    for text in speeds:
+        if text.strip().lower().endswith("/s") and not text.strip().lower().endswith("flop/s"):
+            if bandwidth is not None:
+                raise PlacementError(f"simulated device {name} gives two bandwidths; {accepted}")
+            bandwidth = parse_bandwidth(text, f"bandwidth of simulated device {name}")
+        else:
+            if throughput is not None:
+                raise PlacementError(f"simulated device {name} gives two throughputs; {accepted}")
+            throughput = parse_throughput(text, f"throughput of simulated device {name}")
+    return throughput, bandwidth
+
+
 def canonical_device_name(text: str) -> str:
     """Torch spellings to inventory names: 'CUDA:1' -> 'cuda1', 'mps:0' -> 'mps'."""
     name = text.strip().lower()
@@ -90,9 +108,10 @@ class Inventory:
     @classmethod
     def simulated(cls, text: str) -> "Inventory":
         """'cuda0=24GiB,cuda1=12GiB[/10GiB],cpu=64GiB': names with TOTAL or TOTAL/FREE.
-        Bare numbers are GiB. The cpu entry is optional (default: this machine's RAM)."""
-        accepted = ("expected NAME=TOTAL[/FREE] entries separated by commas, "
-                    "e.g. cuda0=24GiB,cuda1=12GiB/10GiB,cpu=64GiB")
+        Bare numbers are GiB. The cpu entry is optional (default: this machine's RAM).
+        What-if speeds follow '@': cuda0=24GiB@165T@25GB/s (FLOP/s, host link bytes/s)."""
+        accepted = ("expected NAME=TOTAL[/FREE][@FLOPS][@BYTES/s] entries separated by commas, "
+                    "e.g. cuda0=24GiB@165T@25GB/s,cuda1=12GiB/10GiB,cpu=64GiB")
         if not isinstance(text, str) or not text.strip():
             raise PlacementError(f"empty simulated inventory; {accepted}")
         devices = []
@@ -104,6 +123,8 @@ class Inventory:
             name = canonical_device_name(name)
             if not eq or not _NAME.match(name) or name in DEFAULT_TOKENS + ("gpu", "disk"):
                 raise PlacementError(f"invalid simulated device {item!r}; {accepted}")
+            size, *speeds = size.split("@")
+            throughput, bandwidth = _speeds(name, speeds, accepted)
             total_txt, slash, free_txt = size.partition("/")
             total = parse_bytes(total_txt, f"size of simulated device {name}")
             free = parse_bytes(free_txt, f"free memory of simulated device {name}") \
@@ -115,7 +136,8 @@ class Inventory:
             devices.append(Device(name, kind, total, free,
                                   f"simulated {kind}",
                                   torch_device="cpu" if name == "cpu" else None,
-                                  simulated=name != "cpu"))
+                                  simulated=name != "cpu", throughput=throughput,
+                                  bandwidth=bandwidth))
         return cls(devices, source=f"simulated: {text.strip()}")
 
     @classmethod
@@ -192,7 +214,9 @@ class Inventory:
         return {"source": self.source, "devices": [
             {"name": d.name, "kind": d.kind, "total_bytes": d.total_bytes,
              "free_bytes": d.free_bytes, "description": d.description,
-             "torch_device": d.torch_device, "simulated": d.simulated}
+             "torch_device": d.torch_device, "simulated": d.simulated,
+             **({"throughput_flops": d.throughput} if d.throughput else {}),
+             **({"bandwidth_bytes_per_s": d.bandwidth} if d.bandwidth else {})}
             for d in self.devices]}
 
     def __repr__(self) -> str:

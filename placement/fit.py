@@ -10,7 +10,7 @@ from typing import Mapping, Optional, Tuple
 
 from .components import COMPONENTS
 from .errors import PlacementError
-from .fit_costs import CostModel, DEFAULT_DISK_BANDWIDTH, Workload
+from .fit_costs import CostModel, Workload
 from .fit_report import build_plan, explain_failure
 from .fit_rules import make_rules
 from .fit_search import Search
@@ -35,12 +35,13 @@ class FitOptions:
     batch: int = 1
     throughput: Mapping[str, float] = field(default_factory=dict)   # FLOP/s by device or kind
     bandwidth: Mapping[str, float] = field(default_factory=dict)    # host->device B/s, same keys
-    disk_bandwidth: float = DEFAULT_DISK_BANDWIDTH
+    disk_bandwidth: Optional[float] = None                          # None: measured, else default
     peer_bandwidth: Optional[float] = None                          # GPU<->GPU B/s
     headroom: Mapping[str, int] = field(default_factory=dict)       # component -> bytes
     activation_bytes: Mapping[str, int] = field(default_factory=dict)
     executor: str = "runtime"            # who runs the plan: runtime | comfyui (capabilities)
     cond_batch: int = 1                  # sampled forwards per step: 2 with CFG (cond+uncond)
+    measured: object = "auto"            # machine_figures.Figures; auto: this machine's if detected
 
     def __post_init__(self):
         from .capabilities import check_executor
@@ -73,7 +74,7 @@ class FitOptions:
         if width < 8 or height < 8:
             raise PlacementError(f"invalid resolution {self.resolution!r}; expected at least 8x8")
         self.resolution = (width, height)
-        if not float(self.disk_bandwidth) > 0:
+        if self.disk_bandwidth is not None and not float(self.disk_bandwidth) > 0:
             raise PlacementError(f"invalid disk_bandwidth {self.disk_bandwidth!r}; "
                                  f"expected bytes/s > 0")
         for comp in list(self.headroom) + list(self.activation_bytes):
@@ -147,8 +148,10 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
                                  f"{', '.join(COMPONENTS)}")
     budgets, host, notes = device_budgets(request, inventory, options)
     gpus = [d.name for d in inventory.accelerators()]
+    from .machine_figures import figures_for
+    measured = figures_for(inventory) if options.measured == "auto" else options.measured
     model = CostModel(inventory.devices, options.throughput, options.bandwidth,
-                      options.disk_bandwidth, options.peer_bandwidth)
+                      options.disk_bandwidth, options.peer_bandwidth, measured)
     choices = getattr(request, "choices", {}) or {}
     from .capabilities import check_choice, supported
     real_gpus = [d.name for d in inventory.accelerators() if not d.simulated]
@@ -172,7 +175,12 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
     best = search.run() if geos else ((0.0, 0, 0.0, 0), {}, [[0] * len(gpus) for _ in range(4)])
     if best is None:
         raise explain_failure(search, options, budgets, host)
-    return build_plan(search, best, request, inventory, infos, options, budgets, host, notes)
+    result = build_plan(search, best, request, inventory, infos, options, budgets, host, notes)
+    for device, note in model.notes:        # step corrections: said where they acted
+        for cp in result.components.values():
+            if device in (cp.runtime or []):
+                cp.reasons.append(note)
+    return result
 
 
 def _check_choice(comp, choice, inventory) -> None:

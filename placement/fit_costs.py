@@ -12,7 +12,8 @@ Deliberately simple (docs/autofit.md has the formulas and where the numbers come
 
 A generation is one encode, `steps` sampling forwards and one decode; the planner
 minimises its predicted time (the same as the amortised time per step). Every number
-is overridable through FitOptions, by device name or by device kind.
+is overridable through FitOptions, by device name or by device kind; measured figures
+(docs/calibration.md) replace the defaults on the machine they were measured on.
 """
 import math
 import re
@@ -61,13 +62,20 @@ def bytes_per_param(dtype: str, quant: Optional[str]) -> float:
     return 2.0
 
 
-def _lookup(table: Mapping, device, kinds: Mapping[str, float]) -> float:
-    """A per-device override, else a per-kind override, else the kind's default."""
-    if device.name in table:
-        return float(table[device.name])
-    if device.kind in table:
-        return float(table[device.kind])
-    return kinds[device.kind]
+def _pick(given: Mapping, device, simulated: Optional[float], measured: Mapping[str, float],
+          defaults: Mapping[str, float]) -> Tuple[float, str]:
+    """A figure and where it came from, most explicit first: given for this device (a
+    flag or FitOptions), given in the simulated inventory's entry, given for its kind,
+    measured on this machine (calibration), the kind's default."""
+    if device.name in given:
+        return float(given[device.name]), "given"
+    if simulated is not None:
+        return float(simulated), "given"
+    if device.kind in given:
+        return float(given[device.kind]), "given"
+    if device.name in measured:
+        return float(measured[device.name]), "measured"
+    return defaults[device.kind], "default"
 
 
 class Workload:
@@ -136,17 +144,55 @@ def _activation_bytes(info, comp, width, height, latent_frames, frames, batch) -
 
 
 class CostModel:
-    """Device speeds, resolved once per fit: throughput, link and disk bandwidth."""
+    """Device speeds, resolved once per fit: throughput, link, disk and peer bandwidth.
+
+    Each figure is given (flags, FitOptions, a --simulate entry) > measured (the machine's
+    calibration, placement/machine_figures; only for the detected inventory) > default;
+    `sources` says which. A step correction observed in earlier runs divides a throughput
+    that was not given (docs/calibration.md)."""
 
     def __init__(self, devices, throughput: Mapping[str, float], bandwidth: Mapping[str, float],
-                 disk_bandwidth: float, peer_bandwidth: Optional[float]):
-        self.throughput: Dict[str, float] = {d.name: _lookup(throughput, d, DEFAULT_THROUGHPUT)
-                                             for d in devices}
-        self.bandwidth: Dict[str, float] = {d.name: _lookup(bandwidth, d, DEFAULT_BANDWIDTH)
-                                            for d in devices}
-        self.disk_bandwidth = float(disk_bandwidth)
-        self.peer_bandwidth = peer_bandwidth
-        for name, value in list(self.throughput.items()) + list(self.bandwidth.items()):
+                 disk_bandwidth: Optional[float] = None, peer_bandwidth: Optional[float] = None,
+                 measured=None):
+        from .machine_figures import NO_FIGURES
+        measured = measured or NO_FIGURES
+        self.throughput: Dict[str, float] = {}
+        self.bandwidth: Dict[str, float] = {}
+        self.sources: Dict[str, object] = {"throughput": {}, "bandwidth": {}}
+        self.corrections: Dict[str, dict] = {}
+        self.notes = []
+        for d in devices:
+            value, src = _pick(throughput, d, getattr(d, "throughput", None),
+                               measured.throughput, DEFAULT_THROUGHPUT)
+            factor, runs = measured.corrections.get(d.name, (1.0, 0))
+            if runs and src != "given" and factor != 1.0:
+                self.corrections[d.name] = {"factor": factor, "runs": runs}
+                self.notes.append((d.name, f"{d.name} throughput {value / 1e12:.1f} -> "
+                                   f"{value / factor / 1e12:.1f} TFLOP/s: {runs} observed "
+                                   f"run(s) took {factor:.2f}x the predicted step time "
+                                   f"(bounded to 0.25-4x)"))
+                value /= factor
+            self.throughput[d.name] = value
+            self.sources["throughput"][d.name] = src
+            value, src = _pick(bandwidth, d, getattr(d, "bandwidth", None),
+                               measured.bandwidth, DEFAULT_BANDWIDTH)
+            self.bandwidth[d.name] = value
+            self.sources["bandwidth"][d.name] = src
+        if disk_bandwidth is not None:
+            self.disk_bandwidth, self.sources["disk_bandwidth"] = float(disk_bandwidth), "given"
+        elif measured.disk_bandwidth is not None:
+            self.disk_bandwidth, self.sources["disk_bandwidth"] = measured.disk_bandwidth, "measured"
+        else:
+            self.disk_bandwidth, self.sources["disk_bandwidth"] = DEFAULT_DISK_BANDWIDTH, "default"
+        if peer_bandwidth is not None:
+            self.peer_bandwidth, self.sources["peer_bandwidth"] = float(peer_bandwidth), "given"
+        elif measured.peer_bandwidth is not None:
+            self.peer_bandwidth, self.sources["peer_bandwidth"] = measured.peer_bandwidth, "measured"
+        else:   # the slower of the two host links (a copy through host memory)
+            self.peer_bandwidth, self.sources["peer_bandwidth"] = None, "default"
+        self.origin = measured.origin
+        for name, value in (list(self.throughput.items()) + list(self.bandwidth.items())
+                            + [("disk", self.disk_bandwidth)]):
             if not value > 0:
                 from .errors import PlacementError
                 raise PlacementError(f"throughput and bandwidth must be positive; got "
@@ -177,4 +223,8 @@ class CostModel:
                 "peer_bandwidth_bytes_per_s": self.peer_bandwidth,
                 "stream_block_overhead_s": STREAM_BLOCK_OVERHEAD_S,
                 "stream_overlap": STREAM_OVERLAP,
-                "hop_latency_s": HOP_LATENCY_S}
+                "hop_latency_s": HOP_LATENCY_S,
+                "sources": {k: (dict(v) if isinstance(v, dict) else v)
+                            for k, v in self.sources.items()},
+                "corrections": {k: dict(v) for k, v in self.corrections.items()},
+                "measured_in": self.origin or None}

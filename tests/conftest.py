@@ -1,4 +1,11 @@
+import os
+import tempfile
+
 import pytest
+
+# Plans on the detected inventory read this machine's calibration file: keep the suite
+# from reading (or writing) the user's real cache folder.
+os.environ["COMFYUI_PLACEMENT_CACHE_DIR"] = tempfile.mkdtemp(prefix="placement-cache-")
 
 from comfyui_placement.placement import Inventory
 

@@ -1,0 +1,278 @@
+"""This machine's measured speeds: the calibration file, its lookup, and step corrections.
+
+`python -m comfyui_placement calibrate` (runtime/calibrate.py, torch) measures; this
+module (no torch) stores the figures per machine and hands the planner the ones that
+apply to an inventory. docs/calibration.md describes the file and the rules:
+
+- figures are keyed by a machine fingerprint (hostname + each device's name,
+  description and total memory): a changed card or a copied cache folder never lends
+  its figures to other hardware;
+- they apply only to the detected inventory, never to a simulated one;
+- `observe_step` records measured vs predicted seconds per step (inside ComfyUI, after
+  each run); the next plan divides the device's throughput by their bounded ratio.
+"""
+import json
+import math
+import os
+import re
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Optional
+
+from .errors import PlacementError
+
+APP = "comfyui-placement"
+ENV_DIR = "COMFYUI_PLACEMENT_CACHE_DIR"      # tests and portable installs: the folder to use
+FILE_NAME = "machine_figures.json"
+VERSION = 1
+# A correction is a ratio measured/predicted; one odd run (a first-run compile, a
+# thermally throttled card) must not swing the next plan by more than this either way.
+CORRECTION_BOUNDS = (0.25, 4.0)
+CORRECTION_WEIGHT = 0.3                     # exponential moving average of log ratios
+GPU_DTYPES = ("bf16", "fp16", "fp32")       # the throughput the planner uses on a GPU, in order
+CPU_DTYPES = ("fp32", "bf16", "fp16")       # ComfyUI computes in fp32 on the CPU
+
+
+def cache_dir() -> Path:
+    """The user's cache folder for this pack: $COMFYUI_PLACEMENT_CACHE_DIR, else
+    platformdirs' user_cache_dir(APP, appauthor=False), else the same rules by hand."""
+    override = os.environ.get(ENV_DIR)
+    if override:
+        return Path(override)
+    try:
+        import platformdirs
+        return Path(platformdirs.user_cache_dir(APP, appauthor=False))
+    except ImportError:
+        pass
+    home = Path.home()
+    if sys.platform.startswith("win"):
+        base = os.environ.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
+        return Path(base) / APP / "Cache"
+    if sys.platform == "darwin":
+        return home / "Library" / "Caches" / APP
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else home / ".cache") / APP
+
+
+def figures_path() -> Path:
+    return cache_dir() / FILE_NAME
+
+
+def fingerprint(inventory) -> str:
+    """hostname | each device's name, description and total bytes (host RAM included)."""
+    parts = [socket.gethostname()]
+    for d in inventory.devices:
+        parts.append(f"{d.name}:{d.description}:{d.total_bytes}")
+    return "|".join(parts)
+
+
+# -- the file ---------------------------------------------------------------------------
+def load_all(path: Optional[Path] = None) -> dict:
+    """Every machine's record; an absent file is empty; a damaged one is an error naming it."""
+    path = Path(path or figures_path())
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return {"version": VERSION, "machines": {}}
+    except (OSError, ValueError) as exc:
+        raise PlacementError(f"cannot read the calibration file {path}: {exc}; delete it or "
+                             f"run `python -m comfyui_placement calibrate` again") from None
+    if not isinstance(data, dict) or data.get("version") != VERSION \
+            or not isinstance(data.get("machines"), dict):
+        raise PlacementError(f"calibration file {path} is not version {VERSION}; delete it or "
+                             f"run `python -m comfyui_placement calibrate` again")
+    return data
+
+
+def _save_all(data: dict, path: Optional[Path] = None) -> Path:
+    """Atomic replace: a plan reading at the same time sees the old or the new file."""
+    path = Path(path or figures_path())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".figures-", dir=str(path.parent))
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return path
+
+
+def machine_record(inventory, path: Optional[Path] = None) -> Optional[dict]:
+    return load_all(path)["machines"].get(fingerprint(inventory))
+
+
+def save_measurements(inventory, measured: dict, path: Optional[Path] = None) -> Path:
+    """Store a calibration run for this machine; earlier step corrections are kept."""
+    data = load_all(path)
+    key = fingerprint(inventory)
+    old = data["machines"].get(key) or {}
+    record = dict(measured)
+    record["corrections"] = old.get("corrections", {})
+    record["saved_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    data["machines"][key] = record
+    return _save_all(data, path)
+
+
+def observe_step(inventory, device: str, component: str, predicted_s: float,
+                 measured_s: float, path: Optional[Path] = None) -> float:
+    """Record one run: the plan predicted `predicted_s` seconds per step of `component`
+    on `device`, the run measured `measured_s`. Returns the device's correction now in
+    force (measured/predicted, bounded to CORRECTION_BOUNDS). Only detected inventories
+    are recorded (a simulated one has no machine to learn about): returns 1.0 for them."""
+    if getattr(inventory, "source", "") != "detected":
+        return 1.0
+    for what, value in (("predicted_s", predicted_s), ("measured_s", measured_s)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise PlacementError(f"invalid {what} {value!r}; expected seconds > 0")
+    names = [d.name for d in inventory.devices]
+    if device not in names:
+        raise PlacementError(f"observe_step: device {device!r} is not in the inventory; "
+                             f"devices: {', '.join(names)}")
+    data = load_all(path)
+    record = data["machines"].setdefault(fingerprint(inventory), {"corrections": {}})
+    corrections = record.setdefault("corrections", {})
+    entry = corrections.setdefault(device, {}).setdefault(component, {"log_ratio": 0.0, "runs": 0})
+    ratio = _bounded(measured_s / predicted_s)
+    weight = 1.0 if entry["runs"] == 0 else CORRECTION_WEIGHT
+    entry["log_ratio"] = (1 - weight) * entry["log_ratio"] + weight * math.log(ratio)
+    entry["runs"] += 1
+    entry["last"] = {"predicted_s": predicted_s, "measured_s": measured_s}
+    _save_all(data, path)
+    return _device_correction(corrections[device])[0]
+
+
+def _bounded(ratio: float) -> float:
+    low, high = CORRECTION_BOUNDS
+    return min(high, max(low, ratio))
+
+
+def _device_correction(by_component: dict):
+    """(factor, runs): the run-weighted geometric mean of the device's component ratios."""
+    runs = sum(int(e.get("runs", 0)) for e in by_component.values())
+    if runs <= 0:
+        return 1.0, 0
+    log = sum(float(e["log_ratio"]) * int(e["runs"]) for e in by_component.values()) / runs
+    return _bounded(math.exp(log)), runs
+
+
+# -- what the planner uses ----------------------------------------------------------------
+@dataclass
+class Figures:
+    """Measured figures for one inventory, by device name; empty where nothing is known."""
+    throughput: Dict[str, float] = field(default_factory=dict)       # FLOP/s
+    bandwidth: Dict[str, float] = field(default_factory=dict)        # host->device B/s, pinned
+    disk_bandwidth: Optional[float] = None
+    peer_bandwidth: Optional[float] = None
+    corrections: Dict[str, tuple] = field(default_factory=dict)      # device -> (factor, runs)
+    origin: str = ""                                                 # file and date, for reports
+
+
+NO_FIGURES = Figures()
+
+
+def figures_for(inventory, path: Optional[Path] = None) -> Figures:
+    """The measured figures that apply to `inventory`: this machine's calibration and step
+    corrections when it is the detected inventory; nothing for a simulated one."""
+    if getattr(inventory, "source", "") != "detected":
+        return NO_FIGURES
+    record = machine_record(inventory, path)
+    if not record:
+        return NO_FIGURES
+    out = Figures(origin=f"{path or figures_path()} ({record.get('saved_at', 'steps only')})")
+    kinds = {d.name: d.kind for d in inventory.devices}
+    for name, dev in (record.get("devices") or {}).items():
+        if name not in kinds:
+            continue
+        order = CPU_DTYPES if kinds[name] == "cpu" else GPU_DTYPES
+        flops = dev.get("throughput_flops") or {}
+        value = next((flops[t] for t in order if _positive(flops.get(t))), None)
+        if value:
+            out.throughput[name] = float(value)
+        h2d = (dev.get("h2d_bytes_per_s") or {}).get("pinned")
+        if _positive(h2d):
+            out.bandwidth[name] = float(h2d)
+    disks = [v.get("bytes_per_s") for v in (record.get("disk") or {}).values()]
+    disks = [float(v) for v in disks if _positive(v)]
+    if disks:
+        out.disk_bandwidth = min(disks)        # the slowest model folder: no plan relies on luck
+    peers = [float(v.get("bytes_per_s")) for v in (record.get("peer") or {}).values()
+             if _positive(v.get("bytes_per_s"))]
+    if peers:
+        out.peer_bandwidth = min(peers)
+    for name, by_component in (record.get("corrections") or {}).items():
+        if name in kinds:
+            factor, runs = _device_correction(by_component)
+            if runs:
+                out.corrections[name] = (factor, runs)
+    return out
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+# -- units people write -------------------------------------------------------------------
+_SI = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+_BIN = {"ki": 2.0 ** 10, "mi": 2.0 ** 20, "gi": 2.0 ** 30, "ti": 2.0 ** 40}
+
+
+def parse_throughput(text: str, what: str = "throughput") -> float:
+    """FLOP/s: '165T', '165TFLOPS', '165 TFLOP/s', '900G', '1.6e14'."""
+    raw = str(text).strip()
+    low = raw.lower().replace(" ", "")
+    for suffix in ("flop/s", "flops", "flop"):
+        if low.endswith(suffix):
+            low = low[: -len(suffix)]
+            break
+    prefix = low[-1:] if low[-1:] in _SI and low[-1:] else ""
+    value = _number(low[: len(low) - len(prefix)])
+    if value is None or value <= 0:
+        raise PlacementError(f"invalid {what} {raw!r}; expected FLOP/s such as 165T, "
+                             f"165TFLOPS, 900G or 1.6e14 (a bandwidth ends in /s)")
+    return value * _SI[prefix]
+
+
+def parse_bandwidth(text: str, what: str = "bandwidth") -> float:
+    """Bytes/s: '25GB/s', '3.5 GiB/s', '800MB/s' (GB = 1e9 bytes, GiB = 2^30)."""
+    raw = str(text).strip()
+    low = raw.lower().replace(" ", "")
+    accepted = (f"invalid {what} {raw!r}; expected bytes per second such as 25GB/s, "
+                f"3.5GiB/s or 800MB/s")
+    if not low.endswith("b/s"):
+        raise PlacementError(accepted)
+    body = low[:-3]
+    scale = 1.0
+    if body[-2:] in _BIN:
+        scale, body = _BIN[body[-2:]], body[:-2]
+    elif body[-1:] in _SI and body[-1:]:
+        scale, body = _SI[body[-1:]], body[:-1]
+    value = _number(body)
+    if value is None or value <= 0:
+        raise PlacementError(accepted)
+    return value * scale
+
+
+def _number(text: str) -> Optional[float]:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def parse_figure_list(text: str, parse, flag: str) -> Dict[str, float]:
+    """'cuda0=165T,gpu=80T' -> {name or kind: value}; a bare value applies to every GPU."""
+    out = {}
+    for item in str(text).split(","):
+        item = item.strip()
+        if not item:
+            raise PlacementError(f"empty entry in {flag} {text!r}; expected DEVICE=VALUE "
+                                 f"entries separated by commas (DEVICE a name or a kind: "
+                                 f"gpu, igpu, cpu)")
+        key, eq, value = item.rpartition("=")
+        name = re.sub(r"^([a-z]+):(\d+)$", r"\1\2", key.strip().lower())   # cuda:0 -> cuda0
+        out[name if eq else "gpu"] = parse(value, f"{flag} value")
+    return out
