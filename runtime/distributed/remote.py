@@ -38,7 +38,8 @@ class RemoteRange:
                  file: str, key_map: Optional[Callable[[str], str]] = None,
                  builder: Optional[Tuple[str, dict]] = None,
                  block_names: Optional[Sequence[str]] = None, release: bool = True,
-                 chain: bool = True, timeout_s: Optional[float] = None):
+                 chain: bool = True, timeout_s: Optional[float] = None,
+                 remote_file: Optional[str] = None):
         if not isinstance(worker, RemoteDevice):
             raise PlacementError(f"worker must be a remote device from a Cluster, e.g. "
                                  f"cluster['w1.cpu'], not {worker!r}")
@@ -52,6 +53,7 @@ class RemoteRange:
             raise PlacementError(f"invalid blocks {blocks!r}: the module has {len(found)} "
                                  f"blocks (0..{len(found) - 1}); expected first <= last")
         self.module, self.worker, self.file = module, worker, file
+        self.remote_file = remote_file or os.path.basename(file)   # under the worker's DIR
         self.range = found[first:last + 1]
         self.key_map = key_map or (lambda name: name)
         self.builder_desc = builders.describe_module(module, builder)
@@ -79,9 +81,9 @@ class RemoteRange:
         link.request(dict({"op": "load", "range": self._range_id,
                            "builder": self.builder_desc,
                            "blocks": [n for n, _ in self.range], "keys": self._keys,
-                           "file": os.path.basename(self.file), "range_sha256": digest,
+                           "file": self.remote_file, "range_sha256": digest,
                            "device": self.worker.device}, **rangefile.identity(self.file)),
-                     self.timeout_s)
+                     max(self.timeout_s, self.worker.load_timeout_s))
         try:
             for k, (_, block) in enumerate(self.range):
                 self._forwards.append(block.__dict__.get("forward", _MISSING))
@@ -277,7 +279,8 @@ class RemoteRange:
 def remote_range(module: nn.Module, blocks: Tuple[int, int], worker: RemoteDevice, file: str,
                  **options) -> RemoteRange:
     """Options: key_map (module tensor name -> file key), builder (('pkg.mod:factory',
-    kwargs) for a module that is not a diffusers model), block_names, release (default
+    kwargs) for a module that is not a diffusers model), block_names, remote_file (the
+    path under the worker's models folder; default the file's name), release (default
     True), chain (one round trip per range after a first learning forward; default
     True), timeout_s (default the cluster's)."""
     return RemoteRange(module, blocks, worker, file, **options)

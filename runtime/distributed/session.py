@@ -88,8 +88,9 @@ class WorkerLink:
 class RemoteDevice:
     """A device on a worker, e.g. w1.cpu: what remote_range runs a range on."""
 
-    def __init__(self, link: WorkerLink, device: str, timeout_s: float):
+    def __init__(self, link: WorkerLink, device: str, timeout_s: float, load_timeout_s: float):
         self.link, self.device, self.timeout_s = link, device, timeout_s
+        self.load_timeout_s = load_timeout_s
 
     @property
     def name(self) -> str:
@@ -104,10 +105,13 @@ class Cluster:
 
     def __init__(self, workers: Union[str, Dict[str, str]], secret: Optional[bytes] = None,
                  secret_env: str = DEFAULT_SECRET_ENV, backend: str = "gloo",
-                 timeout_s: float = 60.0, connect_timeout_s: float = 10.0):
+                 timeout_s: float = 60.0, connect_timeout_s: float = 10.0,
+                 load_timeout_s: float = 300.0):
+        """timeout_s bounds each step's exchange (compute included); load_timeout_s a
+        range's load (the worker imports its builder and reads its range from disk)."""
         self.backend = groups.check_backend(backend)
-        self.timeout_s = float(timeout_s)
-        if self.timeout_s <= 0 or connect_timeout_s <= 0:
+        self.timeout_s, self.load_timeout_s = float(timeout_s), float(load_timeout_s)
+        if min(self.timeout_s, connect_timeout_s, self.load_timeout_s) <= 0:
             raise PlacementError("timeouts must be positive seconds")
         secret = secret if secret is not None else secret_from_env(secret_env)
         self.links: Dict[str, WorkerLink] = {}
@@ -178,7 +182,7 @@ class Cluster:
         if device not in [d["name"] for d in link.devices]:
             raise PlacementError(f"{link.where} has no device {device!r}; it has: "
                                  f"{', '.join(d['name'] for d in link.devices)}")
-        return RemoteDevice(link, device, self.timeout_s)
+        return RemoteDevice(link, device, self.timeout_s, self.load_timeout_s)
 
     def devices(self):
         """Inventory entries (placement Device) for every worker's devices: w1.cuda0 ..."""

@@ -143,9 +143,10 @@ def unpack(buf: torch.Tensor, metas: List[dict]) -> List[torch.Tensor]:
 
 
 # -- the tensor channel -----------------------------------------------------------------
-def _wait(work, timeout_s: float, what: str) -> None:
+def _wait(start, timeout_s: float, what: str) -> None:
+    """start() posts the operation (it may fail at once on a closed peer); then wait."""
     try:
-        work.wait(datetime.timedelta(seconds=timeout_s))
+        start().wait(datetime.timedelta(seconds=timeout_s))
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "Timed out" in first:
@@ -155,12 +156,12 @@ def _wait(work, timeout_s: float, what: str) -> None:
 
 def send_buffer(group, buf: torch.Tensor, peer: int, tag: int, timeout_s: float) -> None:
     if buf.numel():
-        _wait(group.send([buf], peer, tag), timeout_s, "sending activations")
+        _wait(lambda: group.send([buf], peer, tag), timeout_s, "sending activations")
 
 
 def recv_buffer(group, nbytes: int, peer: int, tag: int, timeout_s: float,
                 device: torch.device) -> torch.Tensor:
     buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
     if nbytes:
-        _wait(group.recv([buf], peer, tag), timeout_s, "receiving activations")
+        _wait(lambda: group.recv([buf], peer, tag), timeout_s, "receiving activations")
     return buf

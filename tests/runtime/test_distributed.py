@@ -139,3 +139,125 @@ def test_two_processes_equal_local_and_restored(tmp_path, workers):
     assert stats["hop_bytes"] == sum(v["bytes"] for v in stats["links"].values())
     assert_restored(model, snap)
     assert torch.equal(run(model, inp), expected)
+
+
+def test_three_processes_two_remote_ranges(tmp_path, workers):
+    from comfyui_placement.runtime.distributed import Cluster, remote_range
+    model, inp, models, path = flux(tmp_path, seed=1)
+    expected = run(model, inp)
+    other = tmp_path / "models2"
+    other.mkdir()
+    (other / "flux.safetensors").write_bytes(path.read_bytes())    # the second machine's copy
+    w1, w2 = workers(models), workers(other)
+    snap = snapshot(model)
+    with Cluster({"w1": w1.address, "w2": w2.address}, secret=b"loopback-secret",
+                 timeout_s=30) as cluster:
+        with remote_range(model, (0, 1), cluster["w1.cpu"], str(path)) as r1, \
+                remote_range(model, (3, 5), cluster["w2.cpu"], str(path), chain=False) as r2:
+            outs = [run(model, inp) for _ in range(2)]
+    assert all(torch.equal(o, expected) for o in outs)
+    assert r1.stats()["round_trips"] == 2 + 1 and r1.stats()["chained"]
+    assert r2.stats()["round_trips"] == 2 * 3 and not r2.stats()["chained"]
+    assert set(r2.stats()["links"]) == {"cpu->w2.cpu", "w2.cpu->cpu"}
+    assert_restored(model, snap)
+
+
+def test_wrong_secret_refused_on_both_sides(tmp_path, workers):
+    from comfyui_placement.runtime.distributed import Cluster
+    _, _, models, _ = flux(tmp_path)
+    w = workers(models)
+    with pytest.raises(PlacementError, match=r"refused to join: wrong secret") as err:
+        Cluster(f"w1={w.address}", secret=b"not-the-secret", timeout_s=10)
+    assert "\n" not in str(err.value)
+    deadline = time.time() + 10
+    while "wrong secret" not in w.logs() and time.time() < deadline:
+        time.sleep(0.1)
+    refused = [ln for ln in w.logs().splitlines() if "wrong secret" in ln]
+    assert len(refused) == 1 and refused[0].startswith("worker: refused 127.0.0.1:")
+    with Cluster(f"w1={w.address}", secret=b"loopback-secret", timeout_s=10) as cluster:
+        assert cluster["w1.cpu"].name == "w1.cpu"          # the worker still serves
+
+
+def test_changed_file_refused(tmp_path, workers):
+    from safetensors.torch import load_file, save_file
+    from comfyui_placement.runtime.distributed import Cluster, remote_range
+    model, inp, models, path = flux(tmp_path)
+    expected = run(model, inp)
+    mine = tmp_path / "main" / "flux.safetensors"
+    mine.parent.mkdir()
+    mine.write_bytes(path.read_bytes())
+    state = load_file(str(path))
+    key = "single_transformer_blocks.0.proj_out.weight"
+    state[key] = state[key].clone()
+    state[key].view(-1)[0] += 1.0                   # same header, other bytes in the range
+    save_file(state, str(path))
+    w = workers(models)
+    snap = snapshot(model)
+    with Cluster(f"w1={w.address}", secret=b"loopback-secret", timeout_s=30) as cluster:
+        with pytest.raises(PlacementError, match="range's bytes hash differently"):
+            with remote_range(model, (1, 3), cluster["w1.cpu"], str(mine)):
+                pass
+        with remote_range(model, (3, 4), cluster["w1.cpu"], str(mine)) as rr:   # untouched
+            assert all(torch.equal(run(model, inp), expected) for _ in range(2))
+        assert rr.stats()["round_trips"] == 2 + 1
+        (models / "flux.safetensors").write_bytes(b"\0" * 16)
+        with pytest.raises(PlacementError, match="size or header hash"):
+            with remote_range(model, (3, 4), cluster["w1.cpu"], str(mine)):
+                pass
+    assert_restored(model, snap)
+
+
+@pytest.mark.parametrize("fault", ["killed", "stalled"])
+def test_lost_worker_one_error_within_timeout_and_restored(tmp_path, workers, fault):
+    from comfyui_placement.runtime.distributed import Cluster, remote_range
+    model, inp, models, path = flux(tmp_path)
+    expected = run(model, inp)
+    w = workers(models)
+    snap = snapshot(model)
+    blocks = find_blocks(model)
+
+    def strike(*_):
+        if fault == "killed":
+            w.proc.kill()
+            w.proc.wait(timeout=30)
+        else:
+            w.proc.send_signal(signal.SIGSTOP)
+    timeout_s = 4.0
+    with Cluster(f"w1={w.address}", secret=b"loopback-secret", timeout_s=timeout_s) as cluster:
+        with remote_range(model, (1, 4), cluster["w1.cpu"], str(path)):
+            assert torch.equal(run(model, inp), expected)
+            hook = blocks[2][1].register_forward_pre_hook(strike)   # mid-run, mid-range
+            try:
+                t0 = time.time()
+                with pytest.raises(PlacementError, match=r"worker w1 \(127\.0\.0\.1:\d+\) lost"
+                                   ) as err:
+                    run(model, inp)
+                elapsed = time.time() - t0
+            finally:
+                hook.remove()
+            with pytest.raises(PlacementError, match="was lost earlier"):
+                run(model, inp)
+    assert "\n" not in str(err.value)
+    assert elapsed < (2.0 if fault == "killed" else 3 * timeout_s + 2)
+    if fault == "stalled":
+        assert "within 4 s" in str(err.value) or "timed out" in str(err.value)
+    assert_restored(model, snap)
+    assert torch.equal(run(model, inp), expected)
+
+
+def test_models_folder_only_and_secret_required(tmp_path, monkeypatch, capsys):
+    from comfyui_placement.cli import main
+    from comfyui_placement.runtime.distributed.rangefile import resolve_under
+    (tmp_path / "m").mkdir()
+    (tmp_path / "outside.safetensors").write_bytes(b"x")
+    for bad in ("/etc/passwd", "../outside.safetensors", "", "a/../../outside.safetensors"):
+        with pytest.raises(PlacementError, match="relative to the worker's models folder"):
+            resolve_under(str(tmp_path / "m"), bad)
+    os.symlink(tmp_path / "outside.safetensors", tmp_path / "m" / "link.safetensors")
+    with pytest.raises(PlacementError, match="leaves the worker's models folder"):
+        resolve_under(str(tmp_path / "m"), "link.safetensors")
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    assert main(["worker", "--listen", "127.0.0.1:0", "--models", str(tmp_path / "m"),
+                 "--secret-env", SECRET_ENV]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("placement error: no shared secret") and "\n" not in err
