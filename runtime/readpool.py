@@ -138,8 +138,10 @@ class ReadPool:
                 return
             job.work(self.fd, self.path)
 
-    def close(self) -> None:
-        """Wait for reads in progress, then join the threads; the fd is the caller's."""
+    def close(self, join: bool = True) -> None:
+        """Wait for reads in progress, then stop (and join) the threads; the fd is the
+        caller's. join=False only asks them to stop (from a finalizer, where joining
+        could wait on a thread the interpreter has already frozen)."""
         with self._state:
             if self._closed:
                 return
@@ -149,5 +151,6 @@ class ReadPool:
             threads, self._threads = self._threads, []
         for _ in threads:
             self._queue.put(None)
-        for t in threads:
-            t.join()
+        if join:
+            for t in threads:
+                t.join()

@@ -104,6 +104,19 @@ class WeightFile:
             os.close(self._fd)
             self._fd = None
 
+    def __del__(self):
+        """A file dropped without close(): stop its readers, close its descriptor (no
+        read can be in progress: a read holds a reference to the file)."""
+        try:
+            pool, self._pool = getattr(self, "_pool", None), None
+            if pool is not None:
+                pool.close(join=False)
+            if getattr(self, "_fd", None) is not None:
+                os.close(self._fd)
+                self._fd = None
+        except Exception:        # noqa: BLE001 (a finalizer must not raise)
+            pass
+
 
 class SafetensorsFile(WeightFile):
     def _parse(self, path: str) -> None:

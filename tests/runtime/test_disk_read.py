@@ -425,3 +425,18 @@ def test_a_file_truncated_while_streaming_in_pieces_leaves_no_reader(tiny, plan_
     assert isinstance(cause, PlacementError) and "file ends early" in str(cause)
     assert not any("teardown" in n for n in getattr(info.value, "__notes__", []))
     assert len(reader_threads()) == threads and open_fds() == fds
+
+
+def test_a_file_dropped_without_close_leaves_nothing(weights):
+    import gc
+    path, _ = weights
+    threads, fds = len(reader_threads()), open_fds()
+    wf = open_weight_file(path, readers=3, chunk=1024)
+    wf.read_runs([(0, 0, 20_000)], torch.zeros(20_000, dtype=torch.uint8))
+    assert len(reader_threads()) == threads + 3
+    del wf
+    gc.collect()
+    deadline = time.monotonic() + 5           # the finalizer asks; the threads then end
+    while len(reader_threads()) > threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(reader_threads()) == threads and open_fds() == fds
