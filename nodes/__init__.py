@@ -6,6 +6,7 @@ from comfy_api.latest import ComfyExtension, io
 from .apply_node import ApplyPlacement
 from .assignment_node import BackendAssignment
 from .devices_node import PlacementDevices
+from .prompt_inputs import register as _register_prompt_inputs
 from .routes import register as _register_routes
 
 NODES = [PlacementDevices, BackendAssignment, ApplyPlacement]
@@ -19,6 +20,7 @@ class PlacementExtension(ComfyExtension):
 
 async def comfy_entrypoint() -> PlacementExtension:
     _register_routes()
+    _register_prompt_inputs()
     return PlacementExtension()
 
 

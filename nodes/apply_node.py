@@ -16,6 +16,7 @@ from ..runtime.comfy.workload import (AUTOFIT_KEY, FOLLOWS_LATENT, AutoFitSessio
                                       from_prompt, latent_ratios, placement_key)
 from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType, fallbacks,
                      node_inventory, plan_ui)
+from .measured import Meter, attach, engine_sessions
 from .planning import make_plan
 
 log = logging.getLogger("comfyui-placement")
@@ -84,8 +85,9 @@ class ApplyPlacement(io.ComfyNode):
             text += "\n\napplied:\n" + "\n".join(f"  {n}" for n in notes)
         if workload is not None:
             text += f"\n\nauto-fit planned for: {workload.describe()} ({workload.source})"
+        autofit = None
         if workload is not None and placed.get("diffusion") is not None:
-            session = _auto_fit_session(plan, workload, spec, strict, inventory,
+            session = autofit = _auto_fit_session(plan, workload, spec, strict, inventory,
                                         by_component, placed, node_id)
             placed["diffusion"].set_attachments(AUTOFIT_KEY, session)
             placed["diffusion"].add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, AUTOFIT_KEY,
@@ -93,6 +95,11 @@ class ApplyPlacement(io.ComfyNode):
             text += ("\nWhen sampling starts, a different workload (latent size, frames, "
                      "batch, steps, CFG) is planned again and the plan that ran is shown "
                      "here.")
+        # measured figures of each run, sent to this node beside the plan's predictions
+        meter = Meter(node_id, plan, inventory, engine_sessions(placed, autofit),
+                      plan_that_ran=lambda: autofit.last[1] if autofit and autofit.last
+                      else plan)
+        attach(meter, placed.get("diffusion"), placed.get("vae"), by_component.get("vae"))
         results = [placed.get(comp) for _, _, comp in SLOTS]
         return io.NodeOutput(*results, plan.to_json(),
                              ui=plan_ui(text, plan, fallbacks(plan)))

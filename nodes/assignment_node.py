@@ -10,6 +10,7 @@ from ..placement.spec import LORA_MODES, OFFLOAD_MODES, PlacementSpec
 from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType, fallbacks,
                      node_inventory, plan_ui)
 from .planning import make_plan
+from .prompt_inputs import spec_inputs
 
 MODULES = ("modules: diffusion (model, unet, dit), te (clip, t5, llm), vae, controlnet, "
            "clip_vision, photomaker, upscaler")
@@ -89,13 +90,16 @@ class BackendAssignment(io.ComfyNode):
             # an output node, so queueing a graph shows this machine's plan in the node
             # even before anything is connected to it
             is_output_node=True,
+            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
-    def validate_inputs(cls, backend="", params_backend="", max_vram="", split_mode="",
-                        auto_fit=False, strict=False):
-        # Only the inputs that can be wrong (ComfyUI repeats the message for each one).
-        return check_spec(backend, params_backend, max_vram, split_mode, auto_fit, strict)
+    def validate_inputs(cls, backend=""):
+        # ComfyUI blames every input this signature names: one input, one error. The
+        # other spec inputs come from the prompt the server received (prompt_inputs.py).
+        node_id = getattr(cls.hidden, "unique_id", None) if cls.hidden else None
+        others = spec_inputs(node_id, backend)
+        return check_spec(backend if isinstance(backend, str) else "", **others)
 
     @classmethod
     def execute(cls, backend, params_backend, max_vram, split_mode, stream_layers, auto_fit,

@@ -185,3 +185,49 @@ def _headroom(d) -> str:
     limit = d.budget_bytes if d.budget_bytes is not None else d.free_bytes
     left = limit - d.planned_bytes
     return short_bytes(left) if left >= 0 else f"DEFICIT {short_bytes(-left)}"
+
+
+def seconds_text(v) -> str:
+    """Seconds with three significant digits: 1.23 s, 412 ms, 0.311 ms."""
+    if v is None:
+        return "-"
+    return f"{v:.3g} s" if v >= 1 else f"{v * 1000:.3g} ms"
+
+
+def render_measured(record: dict) -> List[str]:
+    """The lines of one measured run (nodes/measured.py's record) beside the plan's
+    predictions. The node, the log and the text report all show exactly these lines."""
+    pred = record.get("predicted") or {}
+    run = record.get("run", 1)
+    sample, decode = record.get("sample"), record.get("decode")
+    out = []
+    if sample:
+        steps = sample["steps"]
+        line = (f"measured (run {run}): sampling {steps} steps in "
+                f"{seconds_text(sample['seconds'])}, "
+                f"{seconds_text(sample['seconds'] / steps)} per step")
+        if pred.get("sample_step_s") is not None:
+            line += f"; predicted {seconds_text(pred['sample_step_s'])} per step"
+        else:
+            line += "; no prediction (auto_fit predicts seconds)"
+        out.append(line)
+    parts = [name for name, p in (("sampling", sample), ("decode", decode)) if p]
+    if parts:
+        line = (f"measured generation: {seconds_text(record.get('generation_s'))} "
+                f"({' + '.join(parts)}; text encoding not timed)")
+        if pred.get("generation_s") is not None:
+            steps = record.get("steps")
+            line += (f"; predicted {seconds_text(pred['generation_s'])} "
+                     f"(encode + {steps} steps + decode)")
+        out.append(line)
+    planned = record.get("planned_bytes") or {}
+    peaks = []
+    for dev, phases in (record.get("peaks") or {}).items():
+        for phase, b in phases.items():
+            plan_dev = planned.get(dev, {})
+            want = plan_dev.get(phase, plan_dev.get("any"))
+            peaks.append(f"{dev} {phase} {short_bytes(b)}"
+                         + ("" if want is None else f" (planned {short_bytes(want)})"))
+    if peaks:
+        out.append("measured peak: " + ", ".join(peaks))
+    return out

@@ -20,7 +20,8 @@ const PHASES = [["encode", ["te", "clip_vision", "photomaker"]],
                 ["decode", ["vae", "upscaler"]]];
 const PLAN_HEIGHT = 150;
 const COLORS = { resident: "#4a8fe0", ring: "#9a6be0", work: "#e0a84a", free: "#3d5c3d",
-                 budget: "#ff5050", text: "#ddd", dim: "#999", warn: "#ffb020" };
+                 budget: "#ff5050", text: "#ddd", dim: "#999", warn: "#ffb020",
+                 measured: "#7fe0a0" };
 
 // Fallbacks of this run, by node: one toast when the run ends. Apply Placement knows
 // which models are connected, so its lines win over Backend Assignment's.
@@ -39,17 +40,32 @@ api.addEventListener("execution_error", flushWarnings);
 api.addEventListener("execution_interrupted", flushWarnings);
 
 function fmt(bytes) {
+  // three significant digits, as the text report (placement/report.py short_bytes)
   if (bytes == null) return "-";
-  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = Number(bytes), i = 0;
-  while (Math.abs(v) >= 1024 && i < u.length - 1) { v /= 1024; i++; }
-  return `${v >= 100 || i === 0 ? v.toFixed(0) : v.toFixed(1)} ${u[i]}`;
+  const n = Math.abs(Number(bytes)), sign = bytes < 0 ? "-" : "";
+  for (const [unit, size] of [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 1024]]) {
+    if (n >= size) {
+      const v = n / size;
+      return `${sign}${v.toFixed(v < 9.995 ? 2 : v < 99.95 ? 1 : 0)} ${unit}`;
+    }
+  }
+  return `${sign}${n} B`;
 }
 
 function state(node) {
-  if (!node.__placement) node.__placement = { plan: null, text: "", warnings: [] };
+  if (!node.__placement) node.__placement = { plan: null, text: "", warnings: [], measured: null };
   return node.__placement;
 }
+
+// What a run measured (nodes/measured.py), sent when sampling and decode end: kept
+// beside the plan, never in a widget. Its lines are the ones the server logged.
+api.addEventListener("placement.measured", (e) => {
+  const rec = e.detail;
+  const node = app.graph?.getNodeById?.(rec?.node) ?? app.graph?.getNodeById?.(Number(rec?.node));
+  if (!node) return;
+  state(node).measured = rec;
+  node.setDirtyCanvas?.(true, true);
+});
 
 function toast(severity, summary, detail) {
   const t = app.extensionManager?.toast;
@@ -98,24 +114,28 @@ export function phaseBars(plan) {
     }
     return bars;
   }
+  // An explicit plan: weights that rest on a device (params) hold it in every phase;
+  // working memory and the ring only while their component computes. Devices the plan
+  // does not budget (planned 0: the host) get no bar, so each device's largest bar is
+  // the table's "planned".
   for (const dev of plan?.devices ?? []) {
+    if (!dev.planned_bytes) continue;
+    const resting = [...shown].filter((c) => plan.components[c]?.params === dev.name);
     for (const [phase, members] of PHASES) {
-      let resident = 0, ring = 0, work = 0; const who = [];
+      let resident = 0, ring = 0, work = 0; const who = new Set(resting);
+      for (const c of resting) resident += plan.components[c].resident_bytes ?? 0;
       for (const c of members) {
         const cp = plan.components?.[c];
         if (!cp || !shown.has(c)) continue;
         const s = share(cp, dev.name);
-        const restsHere = cp.params === dev.name;
-        if (!s && !restsHere) continue;
-        who.push(c);
-        resident += (cp.resident_bytes ?? 0) * (s || (restsHere ? 1 : 0));
-        if (cp.stream && s) {
-          const ring_b = cp.stream.ring_bytes ?? (cp.streamed_bytes ?? 0) * 0;
-          ring += ring_b;
-        }
+        if (!s) continue;
+        who.add(c);
+        if (cp.params !== dev.name) resident += (cp.resident_bytes ?? 0) * s;
+        if (cp.stream) ring += cp.stream.ring_bytes ?? 0;
         work += (cp.working_bytes ?? cp.headroom_bytes ?? 0) * s;
       }
-      if (who.length && resident + ring + work > 0) bars.push({ device: dev, phase, resident, ring, work, who });
+      const computing = members.some((c) => shown.has(c) && share(plan.components[c], dev.name));
+      if (computing && resident + ring + work > 0) bars.push({ device: dev, phase, resident, ring, work, who: [...who] });
     }
   }
   return bars;
@@ -203,6 +223,17 @@ function drawPlan(node, ctx) {
   const sec = (v) => (v >= 1 ? `${v.toFixed(2)} s` : `${(v * 1000).toPrecision(3)} ms`);
   if (secs?.step_s != null) { ctx.fillText(`predicted ${sec(secs.step_s)} per step, ${sec(secs.generation_s ?? 0)} per generation`, x0, y); y += 13; }
   if (plan.workload) { ctx.fillStyle = COLORS.dim; ctx.fillText(`planned for ${plan.workload.resolution?.join?.("x") ?? ""} x${plan.workload.batch ?? 1}, ${plan.workload.steps ?? "?"} steps`, x0, y); y += 13; ctx.fillStyle = COLORS.text; }
+  // after a run: what it measured, the server's own lines (also in its log)
+  const measured = st.measured;
+  st.measuredDrawn = [];
+  if (measured?.lines?.length) {
+    ctx.fillStyle = COLORS.measured;
+    for (const l of measured.lines) {
+      st.measuredDrawn.push(l);
+      for (const line of wrap(ctx, l, width)) { ctx.fillText(line, x0, y); y += 13; }
+    }
+    ctx.fillStyle = COLORS.text;
+  }
   y += 3;
   if (st.ranText) {
     const paras = st.ranText.split("\n\n");
@@ -213,15 +244,22 @@ function drawPlan(node, ctx) {
     ctx.fillStyle = COLORS.text;
   }
   // bars: one per device and phase
+  const bars = phaseBars(plan);
+  st.barLabels = [];
+  if (!bars.length) { ctx.restore(); st.drawnBottom = y; return; }
   const labelW = 110;
   let lx = x0;
-  for (const [k, label] of [["resident", "resident"], ["ring", "stream ring"], ["work", "working"], ["free", "free"], ["budget", "budget"]]) {
+  const legend = [["resident", "resident"], ["ring", "stream ring"], ["work", "working"], ["free", "free"], ["budget", "budget"]];
+  if (measured) legend.push(["measured", "measured peak"]);
+  for (const [k, label] of legend) {
+    const w = ctx.measureText(label).width + 22;
+    if (lx > x0 && lx + w - 10 > x0 + width) { lx = x0; y += 13; }    // wrap the legend
     ctx.fillStyle = COLORS[k]; ctx.fillRect(lx, y + 2, 8, 8); ctx.fillStyle = COLORS.dim;
-    ctx.fillText(label, lx + 11, y); lx += ctx.measureText(label).width + 22;
+    ctx.fillText(label, lx + 11, y); lx += w;
   }
   y += 15;
   const barW = Math.max(40, width - labelW);
-  for (const b of phaseBars(plan)) {
+  for (const b of bars) {
     const cap = b.device.budget_bytes ?? b.device.total_bytes ?? 1;
     const scale = barW / Math.max(b.device.total_bytes ?? cap, 1);
     ctx.fillStyle = COLORS.text;
@@ -236,10 +274,19 @@ function drawPlan(node, ctx) {
       const bx = x0 + labelW + b.device.budget_bytes * scale;
       ctx.fillStyle = COLORS.budget; ctx.fillRect(bx, y - 2, 2, 16);
     }
+    const peak = measured?.peaks?.[b.device.name]?.[b.phase];
+    if (peak != null) {
+      ctx.fillStyle = COLORS.measured;
+      ctx.fillRect(x0 + labelW + Math.min(barW - 2, Math.max(2, peak * scale)), y - 3, 2, 18);
+    }
+    let label = `planned ${fmt(b.resident + b.ring + b.work)} of ${fmt(b.device.total_bytes)}`;
+    if (peak != null) label += `, measured peak ${fmt(peak)}`;
+    st.barLabels.push({ device: b.device.name, phase: b.phase, label });
+    if (b.who.length) label += ` (${b.who.join(", ")})`;
     ctx.fillStyle = COLORS.dim;
-    ctx.fillText(`${fmt(b.resident + b.ring + b.work)} / ${fmt(b.device.total_bytes)}${b.who.length ? ` (${b.who.join(", ")})` : ""}`.slice(0, Math.floor(barW / 5.5)),
-                 x0 + labelW + 4, y + 14);
-    y += 30;
+    y += 14;
+    for (const line of wrap(ctx, label, width - labelW)) { ctx.fillText(line, x0 + labelW + 4, y); y += 13; }
+    y += 4;
   }
   ctx.restore();
   st.drawnBottom = y;
@@ -371,6 +418,7 @@ app.registerExtension({
       onExecuted?.apply(this, arguments);
       const st = state(this);
       st.ranText = "";
+      st.measured = null;
       st.text = Array.isArray(message?.text) ? message.text.join("\n") : String(message?.text ?? "");
       try { st.plan = message?.placement_plan ? JSON.parse(message.placement_plan[0]) : null; }
       catch { st.plan = null; }

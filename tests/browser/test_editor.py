@@ -99,8 +99,12 @@ def test_the_cache_holds_and_nothing_shown_is_serialized(page, server):
         const st = window.comfyPlacement.state(n);
         return {plan: st.plan, bars: window.comfyPlacement.phaseBars(st.plan)}; }""")
     assert drawn["plan"]["components"]["diffusion"]["runtime"] == ["cuda0"]
-    assert {(b["device"]["name"], b["phase"]) for b in drawn["bars"]} >= {
-        ("cuda0", "sample"), ("cpu", "decode")}
+    # a bar where a component computes on a device the plan budgets (the VAE on the
+    # host is listed, not drawn: the plan does not budget host memory); each device's
+    # largest bar is the table's planned bytes
+    assert {(b["device"]["name"], b["phase"]) for b in drawn["bars"]} == {("cuda0", "sample")}
+    for b in drawn["bars"]:
+        assert b["resident"] + b["ring"] + b["work"] == b["device"]["planned_bytes"]
     # nothing the pack displays goes back: not in the API prompt, not in the workflow
     sent = graph_prompt(page)
     text = json.dumps(sent)
@@ -189,10 +193,21 @@ def test_bad_spec_is_one_clear_error(page, server):
     errors = page.evaluate("""() => { const e = window.__app.lastNodeErrors ??
         window.comfyAPI?.app?.app?.lastNodeErrors; return e; }""")
     req = urllib_post(server["url"], api_prompt(backend="te=cpu,diffusion=cuda7", strict=True))
+    # the server holds ONE error, on the input that is wrong, naming the real fault
+    assert list(req["node_errors"]) == ["10"], req["node_errors"]
     errs = req["node_errors"]["10"]["errors"]
-    details = " | ".join(e["details"] for e in errs)
+    assert len(errs) == 1, errs
+    assert errs[0]["extra_info"]["input_name"] == "backend", errs
+    details = errs[0]["details"]
     assert "cuda7" in details and "unknown" in details and "cuda0, cuda1, cpu" in details
-    assert "backend" in details
+    # not strict, the same spec is no error: it falls back (test_fallback_...)
+    ok = urllib_post(server["url"], api_prompt(backend="te=cpu,diffusion=cuda7", strict=False))
+    assert ok.get("prompt_id") and not ok.get("node_errors"), ok
+    # a malformed spec is one error too, whatever else the node says
+    bad = urllib_post(server["url"], api_prompt(backend="te=cpu,diffusion=cuda0&",
+                                                split_mode="layer"))
+    errs = bad["node_errors"]["10"]["errors"]
+    assert len(errs) == 1 and "backend" in errs[0]["details"], errs
     # the editor shows the message itself in the node, once (drawn from its node errors)
     drawn = page.evaluate("""(id) => window.comfyPlacement.state(
         window.__app.graph.getNodeById(id)).errorsDrawn""", node_of(page, "PlacementBackendAssignment"))
@@ -267,3 +282,46 @@ def test_old_workflows_still_load(page):
     assert assign["inputs"]["backend"] == "te=cpu,diffusion=cuda0&cuda1"
     assert assign["inputs"]["split_mode"] == "layer"
     assert set(assign["inputs"]) <= set(BASE_INPUTS)
+
+
+def test_measured_figures_appear_after_a_run_and_agree_with_the_log(page, server):
+    """After a run the node shows what it measured (seconds per step and generation,
+    peak bytes per device and phase) beside the plan; the lines drawn are the server's
+    log lines, and each bar's measured peak is the record's figure."""
+    load(page, api_prompt(backend="vae=cuda1,diffusion=cuda0", **{"max_vram": "cuda1=1"}))
+    state = """() => { const n = window.__app.graph._nodes.find((n) => n.comfyClass === 'PlacementApply');
+        const st = window.comfyPlacement.state(n);
+        return {measured: st.measured, drawn: st.measuredDrawn ?? [], labels: st.barLabels ?? [],
+                plan: st.plan}; }"""
+    before = page.evaluate(state)
+    assert before["measured"] is None and before["drawn"] == []
+    run = queue(page)
+    assert run["ok"], run["events"][-3:]
+    page.wait_for_timeout(800)
+    focus(page, "PlacementApply")
+    SHOTS.joinpath("12_measured_after_run.png").write_bytes(page.screenshot())
+    got = page.evaluate(state)
+    rec = got["measured"]
+    assert rec is not None, "no measured record after the run"
+    assert rec["sample"]["steps"] == 2 and rec["sample"]["seconds"] > 0
+    assert rec["decode"]["seconds"] > 0
+    assert abs(rec["generation_s"] - rec["sample"]["seconds"] - rec["decode"]["seconds"]) < 1e-9
+    # peaks from the engine's ledger on both simulated devices, each in its own phase
+    assert rec["peaks"]["cuda0"]["sample"] > 0 and rec["peaks"]["cuda1"]["decode"] > 0
+    # the node draws exactly the lines the server logged
+    assert got["drawn"] == rec["lines"] and len(rec["lines"]) == 3, got["drawn"]
+    log = server["log"].read_text()
+    for line in rec["lines"]:
+        assert line in log, (line, log[-2000:])
+    # a bar's measured peak is the logged figure, to the digit
+    bar = next(b for b in got["labels"] if b["device"] == "cuda0" and b["phase"] == "sample")
+    peak_text = bar["label"].split("measured peak ")[1]
+    assert f"cuda0 sample {peak_text}" in rec["lines"][-1], (bar, rec["lines"])
+    # and each bar's planned figure is the plan table's planned bytes of that device
+    text = page.evaluate("""() => window.comfyPlacement.state(window.__app.graph._nodes.find(
+        (n) => n.comfyClass === 'PlacementApply')).text""")
+    planned = bar["label"].split("planned ")[1].split(" of ")[0]
+    cuda0_row = next(l for l in text.splitlines() if l.startswith("cuda0 "))
+    assert planned in cuda0_row, (planned, cuda0_row)
+    # nothing measured goes back into the prompt
+    assert "measured" not in json.dumps(graph_prompt(page))

@@ -553,6 +553,12 @@ def devices_prompt():
 
 
 async def validate(prompt, prompt_id):
+    # as the server does on /prompt: its on_prompt handlers (the pack records the spec
+    # inputs Backend Assignment's validate_inputs reads) run before validation
+    cls = nodes.NODE_CLASS_MAPPINGS.get("PlacementBackendAssignment")
+    if cls is not None:
+        package = cls.__module__.rsplit(".", 1)[0]
+        importlib.import_module(package + ".prompt_inputs").remember_prompt({"prompt": prompt})
     ok, error, outputs, node_errors = await execution.validate_prompt(prompt_id, prompt, None)
     return ok, error, outputs, node_errors
 
