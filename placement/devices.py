@@ -35,6 +35,7 @@ class Device:
 
 
 def _kind_from_name(name: str) -> str:
+    name = name.rpartition(".")[2]          # a worker's device, w1.cpu, is its device's kind
     if name == "cpu":
         return "cpu"
     if name.startswith("igpu"):

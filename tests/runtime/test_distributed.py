@@ -261,3 +261,22 @@ def test_models_folder_only_and_secret_required(tmp_path, monkeypatch, capsys):
                  "--secret-env", SECRET_ENV]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("placement error: no shared secret") and "\n" not in err
+
+
+def test_simulated_remote_devices_take_their_kind_and_a_plan_names_them():
+    from comfyui_placement.placement import PlacementSpec, plan
+    inv = Inventory.simulated("cuda0=24GiB,w1.cuda0=24GiB,w1.cpu=64GiB")
+    assert [inv.get(n).kind for n in ("cuda0", "w1.cuda0", "w1.cpu")] == ["gpu", "gpu", "cpu"]
+    model, _ = _tiny_flux()
+    p = plan(PlacementSpec(backend="diffusion=cuda0&w1.cuda0", split_mode="layer"),
+             inv, {"diffusion": model})
+    blocks = p.components["diffusion"].blocks
+    assert set(blocks) == {"cuda0", "w1.cuda0"} and blocks["w1.cuda0"][1] == 5
+
+
+def _tiny_flux():
+    from diffusers import FluxTransformer2DModel
+    return FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=2,
+                                  num_single_layers=4, attention_head_dim=16,
+                                  num_attention_heads=2, joint_attention_dim=32,
+                                  pooled_projection_dim=16, axes_dims_rope=(4, 6, 6)), None
