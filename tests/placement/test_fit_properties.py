@@ -134,6 +134,8 @@ def recount(plan, infos):
             assert cp.resident_bytes == non_block + sum(sizes[:k])
             assert cp.streamed_bytes == sum(sizes[k:])
             add(cp.runtime[0], non_block + sum(sizes[:k]) + slots + hr, phase)
+            if cp.params == "disk":       # RAM before disk: the first streamed blocks
+                add("cpu", sum(sizes[k:k + cp.stream.host_blocks]))
         else:
             add(cp.runtime[0], info.total_bytes, None if persistent else phase)
             add(cp.runtime[0], hr, phase)
