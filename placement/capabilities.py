@@ -35,6 +35,7 @@ WHAT = {
     "simulated": "a simulated device",
     "lora_runtime": "runtime LoRA (lora_mode runtime)",
     "batch_parallel": "batch parallel over several devices (parallel batch)",
+    "tiled_decode": "a tiled VAE decode (tile)",
 }
 CAPABILITIES = tuple(WHAT)
 
@@ -43,7 +44,7 @@ LORA_COMPONENTS = ("diffusion", "te")
 
 _ENGINE = frozenset({"stream", "disk", "layer_split", "row_split", "split_stream",
                      "cpu_params", "simulated", "lora_runtime"})
-_PATCHER = frozenset({"cpu_params", "peer_params"})
+_PATCHER = frozenset({"cpu_params", "peer_params", "tiled_decode"})
 
 TABLE: Dict[str, Dict[str, FrozenSet[str]]] = {
     # runtime.place runs every component; row split reads shards from memory and does
@@ -54,7 +55,8 @@ TABLE: Dict[str, Dict[str, FrozenSet[str]]] = {
     "comfyui": {
         "diffusion": _ENGINE | _PATCHER | {"batch_parallel"},   # runtime/comfy/batch_parallel
         "te": _ENGINE | _PATCHER,
-        "vae": frozenset({"disk", "simulated"}) | _PATCHER,
+        # tiles: ComfyUI's own decode_tiled on the placed copy (runtime/comfy/vae_tiles.py)
+        "vae": frozenset({"disk", "simulated", "tiled_decode"}) | _PATCHER,
         "controlnet": _PATCHER,
         "clip_vision": _PATCHER,
         "upscaler": _PATCHER,
@@ -116,6 +118,8 @@ def needs(cp, inventory) -> List[str]:
         out.append("simulated")
     if cp.lora == "runtime" and cp.component in LORA_COMPONENTS:
         out.append("lora_runtime")
+    if getattr(cp, "tile", None):
+        out.append("tiled_decode")
     return out
 
 

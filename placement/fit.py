@@ -170,8 +170,11 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
                      options.executor)
         rules[comp] = make_rules(choice, geos[comp], options.offload_mode, gpus,
                                  supported(options.executor, comp), real_gpus)
+    from .fit_tiles import tiles_for
+    tiles = {c: tiles_for(infos[c], geos[c].headroom, options.resolution, options.frames)
+             for c in geos if "tiled_decode" in supported(options.executor, c)}
     search = Search(geos, work, rules, gpus, {g: budgets[g][0] for g in gpus}, host[0], model,
-                    options.prefetch_depth)
+                    options.prefetch_depth, tiles)
     best = search.run() if geos else ((0.0, 0, 0.0, 0), {}, [[0] * len(gpus) for _ in range(4)])
     if best is None:
         raise explain_failure(search, options, budgets, host)

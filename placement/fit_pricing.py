@@ -29,7 +29,7 @@ class Option:
     __slots__ = ("comp", "kind", "runtime", "params", "source", "split_mode", "resident_blocks",
                  "depth", "ranges", "persist", "use", "host_persist", "host_use",
                  "resident_bytes", "streamed_bytes", "loaded_bytes", "hops", "compute_s",
-                 "host_blocks", "transfer_s", "forward_s", "load_s", "cost", "runs", "phase", "layout",
+                 "host_blocks", "tile", "transfer_s", "forward_s", "load_s", "cost", "runs", "phase", "layout",
                  "per_device")
 
     def __init__(self, comp, kind, runtime, runs, phase):
@@ -37,6 +37,7 @@ class Option:
         self.split_mode = "layer"
         self.resident_blocks = self.depth = self.ranges = self.layout = self.per_device = None
         self.streamed_bytes = self.hops = self.host_use = self.host_blocks = 0
+        self.tile = None          # fit_tiles.Tile: a VAE decoded in tiles; None: full frame
         self.transfer_s = 0.0
 
     @property
@@ -48,7 +49,7 @@ class Pricing:
     """Prices placements on one set of devices; every Option is memoised (immutable)."""
 
     def __init__(self, geos: Dict[str, Geometry], workloads, gpus: List[str], model,
-                 phase_of: Dict[str, int]):
+                 phase_of: Dict[str, int], tiles: Optional[Dict[str, list]] = None):
         self.geos, self.work = geos, workloads
         self.gpus = gpus
         self.gidx = {name: i for i, name in enumerate(gpus)}
@@ -58,6 +59,7 @@ class Pricing:
         self.cpu_tp = model.throughput["cpu"]
         self.G = len(gpus)
         self.phase_of = phase_of
+        self.tiles = tiles or {}          # component -> [fit_tiles.Tile], largest first
         self._memo: Dict[tuple, object] = {}
 
     # -- building one evaluated placement -------------------------------------------------
@@ -65,37 +67,44 @@ class Pricing:
         return self.work[c].flop * flop_share / self.tp[dev]
 
     def resident(self, c: str, d: int, persistent: bool, source: str = "cpu",
-                 params_on: Optional[int] = None) -> Option:
-        key = ("r", c, d, persistent, source, params_on)
+                 params_on: Optional[int] = None, tile=None) -> Option:
+        """Whole on GPU d; `tile` (fit_tiles.Tile): a VAE decoding in tiles, with the
+        tile's working memory and the passes' extra compute."""
+        key = ("r", c, d, persistent, source, params_on, tile)
         o = self._memo.get(key)
         if o is None:
-            o = self._memo[key] = self._resident(c, d, persistent, source, params_on)
+            o = self._memo[key] = self._resident(c, d, persistent, source, params_on, tile)
         return o
 
-    def _resident(self, c, d, persistent, source, params_on) -> Option:
+    def headroom(self, c: str, tile=None) -> int:
+        return self.geos[c].headroom if tile is None else tile.headroom
+
+    def _resident(self, c, d, persistent, source, params_on, tile) -> Option:
         geo, w = self.geos[c], self.work[c]
-        compute = self._compute_s(c, 1.0, d)
+        compute = self._compute_s(c, 1.0, d) * (tile.work if tile is not None else 1.0)
+        hr = self.headroom(c, tile)
         name = self.gpus[d]
         o = Option(c, "resident", [name], w.runs, self.phase_of[c])
+        o.tile = tile
         o.resident_bytes = geo.total
         o.compute_s = o.forward_s = compute
         if persistent:
             o.params = o.source = name
             o.persist = {d: geo.total}
-            o.use = {d: geo.headroom}
+            o.use = {d: hr}
             o.loaded_bytes, o.load_s, o.host_persist = 0, 0.0, 0
         elif params_on is not None:                       # rests on another GPU
             src = self.gpus[params_on]
             o.params = o.source = src
             o.persist = {params_on: geo.total}
-            o.use = {d: geo.total + geo.headroom}
+            o.use = {d: geo.total + hr}
             o.loaded_bytes = geo.total
             o.load_s = geo.total / self.model.peer(src, name)
             o.host_persist = 0
         else:
             o.params = o.source = source
             o.persist = {}
-            o.use = {d: geo.total + geo.headroom}
+            o.use = {d: geo.total + hr}
             o.loaded_bytes = geo.total
             o.load_s = geo.total / self.model.source_bandwidth(name, source)
             o.host_persist = geo.total if source == "cpu" else 0
@@ -311,7 +320,7 @@ class Pricing:
         if o.kind == "stream":
             return self.stream(o.comp, self.gidx[o.runtime[0]], o.resident_blocks, o.depth, source)
         if o.kind == "resident":
-            return self.resident(o.comp, self.gidx[o.runtime[0]], False, source)
+            return self.resident(o.comp, self.gidx[o.runtime[0]], False, source, tile=o.tile)
         if o.per_device is not None:
             devs = [self.gidx[n] for n in o.runtime]
             caps = [o.use[d] - self.geos[o.comp].headroom for d in devs]

@@ -41,7 +41,17 @@ def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
         out.append(f"params {rule.params} (asked)")
     size = f"{c} {fmt(geo.total)} + {fmt(geo.headroom)} working memory"
     phase = _ACTION[PHASES[c]]
-    if o.kind == "resident":
+    if o.kind == "resident" and o.tile is not None:
+        d = search.gidx[o.runtime[0]]
+        room = _room_without(search, use, o, d)
+        t = o.tile.edge
+        where = (f"resident on {o.runtime[0]} for the session" if o.persistent else
+                 f"on {o.runtime[0]} while {phase} runs, params on {o.params}")
+        out.append(f"{size} (full frame) > {o.runtime[0]} room {fmt(room)} -> decoded in "
+                   f"{t}x{t} px tiles (ComfyUI's tiled decode, {fmt(o.tile.headroom)} working "
+                   f"memory, {o.tile.work:.1f}x the full-frame pixels: {_ms(o.compute_s)}), "
+                   f"{where}; the cpu only when the smallest tile does not fit")
+    elif o.kind == "resident":
         d = search.gidx[o.runtime[0]]
         room = _room_without(search, use, o, d)
         if o.persistent:
@@ -207,6 +217,8 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
             # a split that streams: resident_blocks counts every device's resident prefix;
             # extra.fit.components[c].stream_per_device has {device: [resident, of blocks]}
             cp.stream = StreamPlan(o.resident_blocks, o.depth, o.host_blocks)
+        if o.tile is not None:
+            cp.tile = o.tile.edge
         if o.kind == "split" and o.ranges is not None:
             cp.blocks = {n: [a, b] for n, (a, b) in zip(o.runtime, o.ranges)}
         comps[comp] = cp
@@ -356,7 +368,8 @@ def explain_failure(search: Search, options, budgets, host) -> PlacementError:
 def _retry(search: Search, gpu_extra: int = 0, host_extra: int = 0) -> bool:
     trial = Search(search.geos, search.work, search.rules, search.gpus,
                    {g: b + gpu_extra for g, b in zip(search.gpus, search.budget)},
-                   search.host_budget + host_extra, search.model, search.depth)
+                   search.host_budget + host_extra, search.model, search.depth,
+                   search.tiles)
     return trial.run() is not None
 
 

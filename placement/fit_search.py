@@ -35,9 +35,9 @@ class Search(Pricing):
 
     def __init__(self, geos: Dict[str, Geometry], workloads, rules: Dict[str, Rules],
                  gpus: List[str], budgets: Dict[str, int], host_budget: int, model,
-                 depth: int):
+                 depth: int, tiles: Optional[Dict[str, list]] = None):
         super().__init__(geos, workloads, gpus, model,
-                         {c: _PHASE_INDEX[PHASES[c]] for c in geos})
+                         {c: _PHASE_INDEX[PHASES[c]] for c in geos}, tiles)
         self.rules = rules
         self.budget = [budgets[g] for g in gpus]
         self.host_budget = host_budget
@@ -73,6 +73,13 @@ class Search(Pricing):
                 best = (cost, k)
         return best[1]
 
+    def _tile_within(self, c: str, room: int):
+        """The largest tile whose working memory fits `room` (None: none does)."""
+        for tile in self.tiles.get(c, ()):
+            if tile.headroom <= room:
+                return tile
+        return None
+
     def _devices(self, c: str) -> List[int]:
         rt = self.rules[c].runtime
         if rt is None:
@@ -104,6 +111,10 @@ class Search(Pricing):
             seen.add(sig)
             if rule.float_res and geo.total + geo.headroom <= room:
                 out.append(self.resident(c, d, False, source))
+            elif rule.float_res:
+                tile = self._tile_within(c, room - geo.total)
+                if tile is not None:              # tiles before the CPU
+                    out.append(self.resident(c, d, False, source, tile=tile))
             if rule.stream:
                 weights_room = room - geo.headroom
                 for depth in range(self.depth, -1, -1):
@@ -171,14 +182,22 @@ class Search(Pricing):
         if rule.persist_res:
             seen = set()
             for d in self._devices(c):
+                tile = None
                 if geo.total > caps[d]:
-                    continue
+                    # full-frame working memory does not fit beside the rest: a tile may
+                    free = self.budget[d] - persist[d]
+                    weights_room = min(free - e[d] for e in extra)
+                    if geo.total > weights_room:
+                        continue
+                    tile = self._tile_within(c, free - extra[p][d] - geo.total)
+                    if tile is None:
+                        continue
                 sig = (self.budget[d], persist[d], tuple(e[d] for e in extra),
                        self.tp[d], self.bw[d])
                 if sig in seen:
                     continue
                 seen.add(sig)
-                out.append(self.resident(c, d, True))
+                out.append(self.resident(c, d, True, tile=tile))
         if rule.persist_split and self.G >= 2 and not (out and self.homogeneous):
             rooms = [x + hr for x in caps]
             for devs in self._split_sets(c, rooms):

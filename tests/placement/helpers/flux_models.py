@@ -1,6 +1,6 @@
 """The realistic Flux.1-dev pipeline of issue 10, as header-only files with the published
 shapes (fp16; sparse, no weights): Flux.1-dev (22.17 GiB, 57 blocks), CLIP-L + T5-XXL
-(9.10 GiB, 36 blocks), the AE. Planned at 1024x1024 like the issue's commands."""
+(9.10 GiB, 36 blocks), the AE (fp32, as published). Planned at 1024x1024 like the issue's commands."""
 from comfyui_placement.placement import Inventory, PlacementSpec, plan
 
 from . import tiny_files as tf
@@ -15,7 +15,7 @@ def write_flux_pipeline(directory):
         "t5": write("t5xxl_fp16.safetensors", tf.t5(hidden=4096, ffn=10240, depth=24,
                                                      vocab=32128, dtype="F16")),
         "clip_l": write("clip_l.safetensors", tf.clip_text(hidden=768, depth=12, vocab=49408)),
-        "vae": write("ae.safetensors", tf.vae(ch=128, levels=4)),
+        "vae": write("ae.safetensors", tf.vae(ch=128, levels=4, dtype="F32")),
     }
 
 
