@@ -280,3 +280,28 @@ def _tiny_flux():
                                   num_single_layers=4, attention_head_dim=16,
                                   num_attention_heads=2, joint_attention_dim=32,
                                   pooled_projection_dim=16, axes_dims_rope=(4, 6, 6)), None
+
+
+def test_a_plan_gives_a_range_to_a_worker(tmp_path, workers):
+    from comfyui_placement.placement import PlacementSpec, plan
+    from comfyui_placement.placement.remote_devices import with_remote
+    from comfyui_placement.runtime.distributed import Cluster, place_remote
+    model, inp, models, path = flux(tmp_path, seed=2)
+    expected = run(model, inp)
+    w = workers(models)
+    snap = snapshot(model)
+    with Cluster(f"w1={w.address}", secret=b"loopback-secret", timeout_s=30) as cluster:
+        inv = with_remote(Inventory.simulated("cpu=8GiB"), cluster.devices())
+        p = plan(PlacementSpec(backend="diffusion=cpu&w1.cpu", split_mode="layer"), inv,
+                 {"diffusion": model})
+        blocks = p.components["diffusion"].blocks
+        assert set(blocks) == {"cpu", "w1.cpu"} and blocks["w1.cpu"][1] == 5
+        with place_remote(model, p, "diffusion", cluster, str(path), inventory=inv) as placed:
+            outs = [run(model, inp) for _ in range(2)]
+        stats = placed.stats()
+    assert all(torch.equal(o, expected) for o in outs)
+    assert stats["hops"] > 0 and set(stats["links"]) == {"cpu->w1.cpu", "w1.cpu->cpu"}
+    assert_restored(model, snap)
+    p.components["diffusion"].runtime = ["cuda0", "cpu", "w1.cpu"]
+    with pytest.raises(PlacementError, match="local split .* not supported yet"):
+        place_remote(model, p, "diffusion", None, str(path))
