@@ -22,7 +22,7 @@ from torch import nn
 
 from ...placement.errors import PlacementError
 from ..blocks import find_blocks
-from ..gguf.linear import quantized_rows
+from ..gguf.linear import GGUFLinear, quantized_rows
 from ..residency import Group
 from ..tensors import make_group, seen_bytes, to_device
 from .base import SplitBase
@@ -35,8 +35,12 @@ def eligible_linears(module: nn.Module, block_names=None) -> List[Tuple[str, nn.
     out = []
     for bname, block in find_blocks(module, block_names):
         for name, m in block.named_modules():
-            if isinstance(m, nn.Linear) and m.weight.dim() == 2 \
-                    and m.weight.shape[0] >= MIN_ROWS and m.weight.shape[1] >= MIN_COLS:
+            if not isinstance(m, nn.Linear) or m.weight.dim() != 2:
+                continue
+            # a GGUFLinear's weight is (rows, quantized row bytes): its size is the Linear's
+            rows, cols = (m.out_features, m.in_features) if isinstance(m, GGUFLinear) \
+                else m.weight.shape
+            if rows >= MIN_ROWS and cols >= MIN_COLS:
                 out.append((f"{bname}.{name}", m))
     return out
 
