@@ -33,6 +33,33 @@ def describe(source, component: Optional[str] = None, *, resolution=(1024, 1024)
     expected = canonical_component(component) if component is not None else None
     if isinstance(source, ComponentInfo):
         return [source]
+    key = _file_key(source, (expected, shape, repr(headroom)))
+    if key is not None and key in _DESCRIBED:
+        return list(_DESCRIBED[key])
+    infos = _describe_source(source, expected, shape, headroom)
+    if key is not None:
+        if len(_DESCRIBED) >= _HEADERS_MAX:
+            _DESCRIBED.pop(next(iter(_DESCRIBED)))
+        _DESCRIBED[key] = tuple(infos)          # ComponentInfo is frozen: safe to share
+    return infos
+
+
+def _file_key(source, extra):
+    """(path, size, mtime) of each file of a path source plus the description's inputs:
+    re-planning the same files skips recognition and the block scan, not only parsing."""
+    paths = source if isinstance(source, Shards) else [source] \
+        if isinstance(source, (str, os.PathLike)) else None
+    if paths is None:
+        return None
+    try:
+        stats = [os.stat(p) for p in paths]
+    except OSError:
+        return None                     # the reader gives the one-line error
+    return (tuple((os.fspath(p), os.path.realpath(p), st.st_size, st.st_mtime_ns)
+                  for p, st in zip(paths, stats)), isinstance(source, Shards)) + extra
+
+
+def _describe_source(source, expected, shape, headroom) -> List[ComponentInfo]:
     tensors, label = read_source(source)
     parts, leftover, tops = split_checkpoint(tensors)
     if expected is not None and parts[0].component is not None:
@@ -170,6 +197,7 @@ def read_source(source) -> Tuple[List[TensorInfo], str]:
 
 
 _HEADERS: "Dict[Tuple[str, int, int], Tuple[TensorInfo, ...]]" = {}
+_DESCRIBED: "Dict[tuple, Tuple[ComponentInfo, ...]]" = {}
 _HEADERS_MAX = 64
 
 
