@@ -60,7 +60,7 @@ def place_objects(plan, inventory,
         if needs_engine(cp, inventory):
             out, more = ENGINE_PLACERS[component]()(obj, plan, inventory)
             placed[component] = out
-            notes.extend(more)
+            notes.extend(more + _tiles(component, cp, out))
             continue
         target = target_for(plan, component, inventory)
         place = PLACERS[component][1]
@@ -70,5 +70,13 @@ def place_objects(plan, inventory,
             out, more = place(obj, target)
         placed[component] = out
         notes.append(target.describe())
-        notes.extend(more)
+        notes.extend(more + _tiles(component, cp, out))
     return placed, notes
+
+
+def _tiles(component, cp, placed) -> List[str]:
+    """A VAE the plan decodes in tiles (vae_tiles.py)."""
+    if component != "vae" or not getattr(cp, "tile", None):
+        return []
+    from .vae_tiles import decode_in_tiles
+    return decode_in_tiles(placed, cp.tile)

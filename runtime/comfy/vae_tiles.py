@@ -1,0 +1,35 @@
+"""The plan's tiled VAE decode, run by ComfyUI's own tiler.
+
+Auto-fit plans `ComponentPlan.tile` (pixels) for a VAE whose full-frame decode does not
+fit its GPU (placement/fit_tiles.py). VAEDecode calls `vae.decode(samples)`; on the
+pack's placed copy of the VAE (never the loader's object) that call becomes
+`decode_tiled` with the plan's tile and ComfyUI's default overlap, exactly what the
+VAE Decode (Tiled) node would run, so a plain VAEDecode in the workflow decodes in
+tiles without editing the graph.
+"""
+from typing import List
+
+OVERLAP_PX = 64      # VAE Decode (Tiled)'s default; a quarter of the tile when smaller
+
+
+def tile_args(vae, tile_px: int) -> dict:
+    """decode_tiled's arguments, in latent units, for square tiles of `tile_px` pixels."""
+    compression = max(1, int(vae.spacial_compression_decode()))
+    overlap = min(OVERLAP_PX, tile_px // 4)
+    return {"tile_x": max(1, tile_px // compression), "tile_y": max(1, tile_px // compression),
+            "overlap": overlap // compression}
+
+
+def decode_in_tiles(placed_vae, tile_px: int) -> List[str]:
+    """Make the placed copy's decode run ComfyUI's decode_tiled with the plan's tile."""
+    args = tile_args(placed_vae, int(tile_px))
+
+    def decode(samples_in, vae_options={}):      # VAE.decode's signature
+        if getattr(placed_vae, "latent_dim", 2) == 2 and samples_in.ndim == 5:
+            samples_in = samples_in[:, :, 0]        # as VAE.decode does for image latents
+        return placed_vae.decode_tiled(samples_in, **args)
+
+    placed_vae.decode = decode                      # an instance attribute on the copy
+    placed_vae.placement_tile = int(tile_px)
+    return [f"vae: decodes in {tile_px}x{tile_px} px tiles (the plan's tile; ComfyUI's "
+            f"decode_tiled, overlap {min(OVERLAP_PX, tile_px // 4)} px)"]
