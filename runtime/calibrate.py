@@ -39,37 +39,50 @@ def _say(progress: Optional[Callable[[str], None]], text: str) -> None:
 
 
 # -- matmul throughput --------------------------------------------------------------------
-def matmul_throughput(device: torch.device, dtype_name: str, n: int, budget_s: float) -> float:
-    """FLOP/s of an n x n x n product (2 n^3 FLOP): the median of as many timed products
-    as fit in `budget_s` (at least 3) after one warm-up. fp8 runs torch._scaled_mm with
-    unit scales into bf16, as an fp8 checkpoint's linear layers do."""
+def _operands(device, dtype_name: str, n: int):
+    """A function computing one n x n x n product in `dtype_name` on `device`. fp8 runs
+    torch._scaled_mm with unit scales into bf16, as an fp8 checkpoint's linear layers do."""
     gen = torch.Generator(device=device).manual_seed(0)
     if dtype_name == "fp8":
         a = torch.randn(n, n, device=device, generator=gen).to(torch.float8_e4m3fn)
         b = torch.randn(n, n, device=device, generator=gen).to(torch.float8_e4m3fn).t()
         one = torch.ones((), device=device)
+        return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                        out_dtype=torch.bfloat16)
+    dtype = DTYPES[dtype_name]
+    a = torch.randn(n, n, device=device, generator=gen, dtype=dtype)
+    b = torch.randn(n, n, device=device, generator=gen, dtype=dtype)
+    return lambda: a @ b
 
-        def product():
-            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    else:
-        dtype = DTYPES[dtype_name]
-        a = torch.randn(n, n, device=device, generator=gen, dtype=dtype)
-        b = torch.randn(n, n, device=device, generator=gen, dtype=dtype)
 
-        def product():
-            return a @ b
+def _once(product, device) -> float:
     start = time.perf_counter()
     with torch.no_grad():
         product()
         _sync(device)
-    first = max(time.perf_counter() - start, 1e-6)
+    return max(time.perf_counter() - start, 1e-9)
+
+
+def matmul_throughput(device: torch.device, dtype_name: str, n: int, budget_s: float):
+    """(FLOP/s, n): n x n x n products (2 n^3 FLOP), the median of as many as fit in
+    `budget_s` (at least 3) after one warm-up. A dtype the device runs slowly (fp16 on
+    many CPUs) is measured at a smaller n, found by a 128^3 probe (best of 3), so that one product
+    takes at most a quarter of the budget: the run stays within seconds."""
+    probe_n = min(n, 128)
+    probe = _operands(device, dtype_name, probe_n)
+    rate = 2.0 * probe_n ** 3 / min(_once(probe, device) for _ in range(3))
+    while n > probe_n and 2.0 * n ** 3 / rate > budget_s / 4:
+        n //= 2
+    product = _operands(device, dtype_name, n)
+    first = _once(product, device)
     reps = max(3, min(50, int(budget_s / first)))
     seconds, _ = time_steps(product, device, warmup=0, reps=reps)
-    return 2.0 * n ** 3 / seconds
+    return 2.0 * n ** 3 / seconds, n
 
 
-def throughput_table(device: torch.device, quick: bool, progress=None) -> Dict[str, object]:
-    """{dtype: FLOP/s, or a string saying why it was not measured}."""
+def throughput_table(device: torch.device, quick: bool, progress=None, sizes=None):
+    """{dtype: FLOP/s, or a string saying why it was not measured}; `sizes` gets the n
+    each dtype was measured at."""
     kind = "cuda" if device.type == "cuda" else "cpu"
     n = (QUICK_SIZES if quick else SIZES)[kind]
     out: Dict[str, object] = {}
@@ -79,13 +92,15 @@ def throughput_table(device: torch.device, quick: bool, progress=None) -> Dict[s
             out[name] = "not supported (fp8 matmul needs compute capability 8.9+)"
             continue
         try:
-            flops = matmul_throughput(device, name, n, TIME_BUDGET_S[kind])
+            flops, used = matmul_throughput(device, name, n, TIME_BUDGET_S[kind])
         except (RuntimeError, NotImplementedError, TypeError, AttributeError) as exc:
             out[name] = f"not supported: {str(exc).splitlines()[0][:120]}"
             _say(progress, f"  {name}: {out[name]}")
             continue
         out[name] = flops
-        _say(progress, f"  {name}: {format_flops(flops)} ({n}x{n} matmul)")
+        if sizes is not None:
+            sizes[name] = used
+        _say(progress, f"  {name}: {format_flops(flops)} ({used}x{used} matmul)")
     return out
 
 
@@ -174,8 +189,10 @@ def calibrate(inventory, folders: Optional[List[str]] = None, quick: bool = Fals
             record["notes"].append(f"{dev.name}: {device.type} devices are not measured yet")
             continue
         _say(progress, f"{dev.name} ({dev.description}): matmul throughput")
+        sizes: Dict[str, int] = {}
         entry = {"description": dev.description, "total_bytes": dev.total_bytes,
-                 "throughput_flops": throughput_table(device, quick, progress)}
+                 "throughput_flops": throughput_table(device, quick, progress, sizes),
+                 "matmul_n": sizes}
         if device.type == "cuda":
             _say(progress, f"{dev.name}: host-to-device bandwidth")
             h2d = measure_h2d(device, QUICK_H2D_BYTES if quick else H2D_BYTES)

@@ -36,6 +36,7 @@ def test_calibrate_measures_saves_and_plan_uses_it(cache, tmp_path, capsys):
     flops = rec["devices"]["cpu"]["throughput_flops"]
     assert isinstance(flops["fp32"], float) and 1e6 < flops["fp32"] < 1e14
     assert isinstance(flops["bf16"], float)
+    assert 0 < rec["devices"]["cpu"]["matmul_n"]["fp32"] <= 64
     assert any("device-to-device not measured" in n for n in rec["notes"])
     disk = rec["disk"][str(models)]
     assert disk["bytes"] == 8 << 20 and 1e6 < disk["bytes_per_s"]
