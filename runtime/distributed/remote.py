@@ -154,6 +154,9 @@ class RemoteRange:
 
     def _call(self, k: int, *args, **kwargs):
         skeleton, tensors = flatten((args, kwargs))
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            raise PlacementError("remote block ranges run inference only (no gradients "
+                                 "cross the wire); call the model under torch.no_grad()")
         out_device = _first_device(tensors)
         if self._local is None:
             self._local = str(out_device).replace("cuda:", "cuda")

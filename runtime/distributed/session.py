@@ -132,6 +132,7 @@ class Cluster:
             raise PlacementError(f"{where}: cannot connect ({exc.strerror or exc}); is "
                                  f"`python -m comfyui_placement worker` running there?") from None
         try:
+            wire.tune_socket(sock)
             hello = main_handshake(sock, secret, where)
         except wire.LinkLost as exc:
             sock.close()

@@ -26,6 +26,19 @@ class LinkLost(Exception):
 
 
 # -- control messages -------------------------------------------------------------------
+def tune_socket(sock: socket.socket) -> None:
+    """Small requests go out at once (no Nagle delay); a peer whose machine vanished
+    without closing is noticed by keepalive probes (about a minute) even while idle."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):                       # Linux; macOS has some of them
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+            except OSError:
+                pass
+
+
 def send_message(sock: socket.socket, message: dict) -> None:
     data = json.dumps(message).encode()
     try:

@@ -93,6 +93,7 @@ class Worker:
                 sock.close()
 
     def _session(self, sock: socket.socket, peer: str) -> None:
+        wire.tune_socket(sock)
         sock.settimeout(30.0)                    # the handshake is quick or refused
         try:
             join = worker_handshake(sock, self.secret, {"devices": _devices()})

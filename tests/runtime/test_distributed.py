@@ -305,3 +305,22 @@ def test_a_plan_gives_a_range_to_a_worker(tmp_path, workers):
     p.components["diffusion"].runtime = ["cuda0", "cpu", "w1.cpu"]
     with pytest.raises(PlacementError, match="local split .* not supported yet"):
         place_remote(model, p, "diffusion", None, str(path))
+
+
+def test_payload_round_trip_and_refusals():
+    from comfyui_placement.runtime.distributed import wire
+    payload = ((torch.randn(2, 3), torch.arange(5, dtype=torch.int64)),
+               {"temb": torch.randn(1, 4).to(torch.bfloat16), "mask": torch.tensor([True, False]),
+                "scalar": torch.tensor(3.5), "empty": torch.empty(0, 7), "opts": None,
+                "scale": 0.5, "name": "x", 7: [1, 2]})
+    skeleton, tensors = wire.flatten(payload)
+    metas, nbytes = wire.describe(tensors)
+    assert all(m["offset"] % 16 == 0 for m in metas)
+    back = wire.unflatten(skeleton, wire.unpack(wire.pack(tensors, metas, nbytes,
+                                                          torch.device("cpu")), metas))
+    assert back[1]["scale"] == 0.5 and back[1][7] == [1, 2] and back[1]["opts"] is None
+    for a, b in zip(tensors, wire.flatten(back)[1]):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    for bad in (object(), {(1, 2): 3}, [torch.nn.Linear(1, 1)]):
+        with pytest.raises(PlacementError, match="accepted: tensors, tuples"):
+            wire.flatten(bad)
