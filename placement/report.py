@@ -88,10 +88,15 @@ def render_plan(plan) -> str:
             short_bytes(cp.streamed_bytes) if cp.present and cp.stream else "-",
             cp.lora,
         ])
+    headers = ["component", "runtime", "params", "split", "stream", "size", "on device",
+               "streamed", "lora"]
+    if any(cp.quant for _, cp in shown):      # GGUF: sizes are the quantized bytes
+        headers.append("quant")
+        for row, (_, cp) in zip(comp_rows, shown):
+            row.append(cp.quant or "-")
     out = [f"placement plan (schema v{plan.version})", ""]
     # streamed: bytes copied per forward (per sampling step for diffusion and controlnet)
-    out += table(["component", "runtime", "params", "split", "stream", "size", "on device",
-                  "streamed", "lora"], comp_rows)
+    out += table(headers, comp_rows)
     out += _device_lines(plan, shown)
     out += _predicted_lines(plan)
     reasons = [(n, cp.reasons) for n, cp in plan.components.items() if cp.present]
@@ -147,9 +152,9 @@ def _predicted_lines(plan) -> List[str]:
     if not predicted:
         return []
     out = [""] + wrap(
-        f"predicted: {predicted['sample_step_s'] * 1000:.0f} ms per sampling step, "
+        f"predicted: {seconds_text(predicted['sample_step_s'])} per sampling step, "
         f"{format_bytes(predicted['streamed_bytes_per_step'])} streamed per step, "
-        f"{predicted['generation_s']:.2f} s per generation ({fit['steps']} steps; "
+        f"{seconds_text(predicted['generation_s'])} per generation ({fit['steps']} steps; "
         f"cost model in docs/autofit.md)", "", "  ")
     model = fit.get("cost_model")
     if model:
@@ -191,7 +196,9 @@ def seconds_text(v) -> str:
     """Seconds with three significant digits: 1.23 s, 412 ms, 0.311 ms."""
     if v is None:
         return "-"
-    return f"{v:.3g} s" if v >= 1 else f"{v * 1000:.3g} ms"
+    def sig3(x):             # no exponent (the editor prints these numbers the same way)
+        return ("%f" % float(f"{x:.3g}")).rstrip("0").rstrip(".")
+    return f"{sig3(v)} s" if v >= 1 else f"{sig3(v * 1000)} ms"
 
 
 def render_measured(record: dict) -> List[str]:
@@ -205,9 +212,9 @@ def render_measured(record: dict) -> List[str]:
         steps = sample["steps"]
         line = (f"measured (run {run}): sampling {steps} steps in "
                 f"{seconds_text(sample['seconds'])}, "
-                f"{seconds_text(sample['seconds'] / steps)} per step")
+                f"{seconds_text(sample['seconds'] / steps)} per sampling step")
         if pred.get("sample_step_s") is not None:
-            line += f"; predicted {seconds_text(pred['sample_step_s'])} per step"
+            line += f"; predicted {seconds_text(pred['sample_step_s'])} per sampling step"
         else:
             line += "; no prediction (auto_fit predicts seconds)"
         out.append(line)

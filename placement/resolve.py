@@ -160,6 +160,9 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
         result = explicit_plan(request, inventory, infos)
         result.warnings.extend(_unused_without_auto_fit(spec, inventory, request))
     decide_lora(result, infos, spec.lora_mode)
+    for comp, info in infos.items():          # GGUF: the type(s) its weights rest in
+        if info.quant and comp in result.components:
+            result.components[comp].quant = info.quant
     for comp, cp in pins.items():
         result.components[comp] = copy.deepcopy(cp)
     # what was described; inside ComfyUI also what the spec names per module (Backend

@@ -10,6 +10,7 @@ from ..errors import PlacementError
 from ..units import format_bytes, parse_bytes
 from . import headroom as hr
 from .blocks import find_blocks
+from .gguf_file import dequant_scratch_bytes, quant_label
 from .info import BlockInfo, ComponentInfo
 from .module_info import is_module, read_module
 from .recognise import Part, recognise, split_checkpoint, te_sub_arch
@@ -264,7 +265,7 @@ def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.La
     scan = find_blocks(tensors, rec.family)
     total = scan.total_bytes
     dtype = max(scan.by_dtype, key=scan.by_dtype.get) if scan.by_dtype else ""
-    quant = max(scan.by_quant, key=scan.by_quant.get) if scan.by_quant else None
+    quant = quant_label(scan.by_quant)
     arch = rec.arch
     dims = _Dims(tensors, scan)
     if rec.family == "te":
@@ -289,6 +290,9 @@ def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.La
         basis = "given"
     else:
         room, basis = _estimate(component, arch, rec.family, dims, shape, activation_bytes(dtype))
+        scratch = dequant_scratch_bytes(tensors, activation_bytes(dtype))
+        if scratch:
+            room, basis = room + scratch, f"{basis} + GGUF dequantization scratch"
     return ComponentInfo(component=component, total_bytes=total, blocks=blocks, arch=arch,
                          dtype=dtype, quant=quant, headroom_bytes=room,
                          sources=paths or (label,),

@@ -1,7 +1,7 @@
 """Read tensor sizes from a GGUF file through the `gguf` package (memory-mapped: the
 tensor table is parsed, the weights are never read). Quantized sizes are exact."""
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..errors import PlacementError
 from .tensors import TensorInfo
@@ -57,3 +57,26 @@ def _string_fields(reader) -> Dict[str, str]:
             except Exception:       # a malformed value is metadata we can live without
                 continue
     return out
+
+
+def quant_label(by_quant: Dict[str, int]) -> Optional[str]:
+    """The quant type(s) a component's weights rest in, from bytes per type: "Q4_K", or
+    "mixed: Q4_K+Q6_K" (most bytes first); None for float weights."""
+    kinds = sorted((t for t, n in by_quant.items() if n > 0), key=lambda t: -by_quant[t])
+    if not kinds:
+        return None
+    return kinds[0] if len(kinds) == 1 else "mixed: " + "+".join(kinds)
+
+
+def dequant_scratch_bytes(tensors: Iterable[TensorInfo], act_bytes: int) -> int:
+    """Working memory for dequantization: the largest quantized tensor in the compute
+    dtype. ComfyUI-GGUF's layers and the pack's GGUFLinear dequantize one weight at a
+    time, right before its matmul, so one such tensor is alive at once."""
+    largest = 0
+    for t in tensors:
+        if t.quant:
+            n = 1
+            for d in t.shape:
+                n *= int(d)
+            largest = max(largest, n)
+    return largest * act_bytes

@@ -19,6 +19,16 @@ from .types import supported
 PLAIN_IDS = (0, 1)          # F32, F16: ComfyUI-GGUF keeps them as ordinary tensors
 
 
+class QuantizedWeight(nn.Parameter):
+    """A GGUFLinear's weight: its own class, so that planning, which skips torch's plain
+    classes, reads the type and torch shape it carries (as on ComfyUI-GGUF's tensors)."""
+
+    def __deepcopy__(self, memo):
+        out = super().__deepcopy__(memo)            # torch's copy keeps no attributes
+        out.tensor_type, out.tensor_shape = self.tensor_type, self.tensor_shape
+        return out
+
+
 class GGUFLinear(nn.Linear):
     """`GGUFLinear(in_features, out_features, bias, qtype)`: weight = uint8 raw rows."""
 
@@ -28,10 +38,18 @@ class GGUFLinear(nn.Linear):
         self.in_features, self.out_features = in_features, out_features
         self.qtype = supported(qtype).name
         row = quantized_nbytes((in_features,), self.qtype)
-        self.weight = nn.Parameter(torch.empty((out_features, row), dtype=torch.uint8,
-                                               device=device), requires_grad=False)
+        self.weight = self.tagged(torch.empty((out_features, row), dtype=torch.uint8,
+                                              device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=bias_dtype, device=device),
                                  requires_grad=False) if bias else None
+
+    def tagged(self, raw: torch.Tensor) -> "QuantizedWeight":
+        """`raw` as this layer's weight, marked as ComfyUI-GGUF marks its tensors (type
+        name, torch shape): planning (placement/metadata) counts quantized bytes of a type."""
+        weight = QuantizedWeight(raw, requires_grad=False)
+        weight.tensor_type = self.qtype
+        weight.tensor_shape = torch.Size((self.out_features, self.in_features))
+        return weight
 
     def dequantize_rows(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return dequantize(rows, self.qtype, (rows.shape[0], self.in_features), dtype)

@@ -92,6 +92,7 @@ def _set_tensor(model: nn.Module, key: str, value: torch.Tensor) -> None:
     owner, _, leaf = key.rpartition(".")
     m = model.get_submodule(owner) if owner else model
     if leaf in m._parameters:
-        m._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+        m._parameters[leaf] = m.tagged(value) if isinstance(m, GGUFLinear) and leaf == "weight" \
+            else nn.Parameter(value, requires_grad=False)
     else:
         m._buffers[leaf] = value

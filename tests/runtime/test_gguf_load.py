@@ -73,6 +73,9 @@ def test_quantized_weights_stay_raw_and_the_skeleton_is_untouched(quantized):
     q = [m for m in model.modules() if isinstance(m, GGUFLinear)]
     assert len(q) == sum(1 for k in written.values() if k == qtype) > 10
     assert all(m.weight.dtype == torch.uint8 and m.qtype == qtype for m in q)
+    copied = copy.deepcopy(q[0])                      # the type tag survives a copy
+    assert (copied.weight.tensor_type, copied.weight.tensor_shape) == \
+        (qtype, torch.Size((q[0].out_features, q[0].in_features)))
     held = sum(p.numel() * p.element_size() for p in model.parameters())
     assert held < sum(p.numel() * 4 for p in skeleton.parameters()) / 3
     # the forward dequantizes: bit-equal to the float model holding the dequantized weights
