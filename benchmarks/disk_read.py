@@ -7,7 +7,8 @@ What it measures (best of --rounds, who goes first alternating per round):
   engine block reader     each streamed block's runs read with WeightFile.read_runs (the
                           call the streamer's worker makes: several preads in flight)
                           into that same buffer
-  engine, one at a time   the same with no reader threads (how it read before)
+  engine, one at a time   the same with no reader threads, one preadv per run (how it
+                          read before)
   ratio = engine bytes/s / plain bytes/s                  (target >= 0.90)
 and, after those, one streamed forward with params=disk on a simulated device with an
 unthrottled link (depth 2): blocks/s of a whole step including compute and the
@@ -87,6 +88,26 @@ def plain_read(path, buf: torch.Tensor) -> int:
             n += got
 
 
+def plain_span(path, off, n, buf: torch.Tensor) -> int:
+    """Read bytes [off, off + n) of the file front to back, one thread, into `buf`."""
+    view = memoryview(buf.numpy()).cast("B")
+    got = 0
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(off)
+        while got < n:
+            k = fh.readinto(view[got:n])
+            if not k:
+                break
+            got += k
+    return got
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
 def timed_cold(path, fn):
     drop_cache(path)
     t0 = time.perf_counter()
@@ -99,6 +120,8 @@ def main():
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--rounds", type=int, default=5, help="best of this many cold reads")
     ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--pieces", default="",
+                    help="extra engine rows with these piece sizes, e.g. 256K,4M")
     args = ap.parse_args()
     model, inp = flux(hidden=args.hidden, heads=8, double=4, single=4, img_tokens=16,
                       txt_tokens=8)
@@ -113,7 +136,9 @@ def main():
     try:
         blocks = find_blocks(model)
         files = {"engine block reader": open_weight_file(path),
-                 "engine, one at a time": open_weight_file(path, readers=0)}
+                 "engine, one at a time": open_weight_file(path, readers=0, chunk=1 << 40)}
+        for p in filter(None, args.pieces.split(",")):
+            files[f"engine, {p} pieces"] = open_weight_file(path, chunk=parse_size(p))
         wf = files["engine block reader"]
         layouts = []
         for name, b in blocks:
@@ -144,14 +169,28 @@ def main():
             left.append(cached_fraction(path))
             cold.append(timed_cold(path, lambda: plain_read(path, buf)))
 
-        rows = {"plain sequential read": [], "engine block reader": [],
-                "engine, one at a time": []}
+        rows = {"plain sequential read": [], **{name: [] for name in files}}
         runs = [("plain sequential read", lambda: plain_read(path, buf))]
         runs += [(name, engine(f)) for name, f in files.items()]
         for r in range(args.rounds):
             order = runs[r % len(runs):] + runs[:r % len(runs)]   # rotate who goes first
             for name, fn in order:
                 rows[name].append(timed_cold(path, fn))
+        # the same, block by block: each engine read paired with a plain read of the
+        # same byte range right next to it in time, so both see the same disk load
+        per_block = {name: [] for name in files}
+        for r in range(args.rounds):
+            for i, (g, layout) in enumerate(layouts):
+                lo = min(f for f, _, _ in layout.runs)
+                hi = max(f + n for f, _, n in layout.runs)
+                trio = [("plain", lambda: plain_span(path, lo, hi - lo, buf))]
+                trio += [(name, lambda f=f, layout=layout:
+                          f.read_runs(layout.runs, buf) or g.nbytes)
+                         for name, f in files.items()]
+                k = (r + i) % len(trio)
+                rates = {name: timed_cold(path, fn) for name, fn in trio[k:] + trio[:k]}
+                for name in files:
+                    per_block[name].append(rates[name] / rates["plain"])
         for f in files.values():
             f.close()
 
@@ -195,6 +234,11 @@ def main():
         print(f"{name:>24}: {gbs(max(vals))}   ratio to plain {max(vals) / base:.3f}   "
               f"paired median {paired:.3f}   (all GB/s: "
               f"{' '.join(f'{v / 1e9:.2f}' for v in vals)})")
+    print(f"per block ({len(layouts)} blocks x {args.rounds} rounds, each read paired with a "
+          f"plain read of the same byte range, order rotating): median ratio to plain")
+    for name, vals in per_block.items():
+        print(f"{name:>24}: {statistics.median(vals):.3f}   (quartiles "
+              f"{' '.join(f'{q:.2f}' for q in statistics.quantiles(vals, n=4))})")
     print(f"{'streamed forward (disk)':>24}: {gbs(max(forward))}   whole step incl. compute "
           f"and the simulated copy, for scale")
 

@@ -1,7 +1,7 @@
 """Several positional reads of one file in flight at once, straight into the caller's
 buffer. A disk (NVMe above all) reaches its speed only with a queue of requests; one
 `preadv` at a time leaves it idle between calls. `os.preadv` releases the GIL, so a few
-threads are enough: the caller cuts its byte ranges into pieces of a few MiB, reads
+threads are enough: the caller cuts its byte ranges into pieces of about 1 MiB, reads
 pieces itself and lets up to `readers` kept threads read the others. The first error
 is raised once, after every piece already started has finished (a buffer must not be
 written once its read has returned)."""
@@ -12,8 +12,12 @@ from typing import List, Optional, Sequence, Tuple
 
 from ..placement.errors import PlacementError
 
-CHUNK = 4 * 1024 ** 2      # a piece: large enough that a syscall's cost is noise, small
-READERS = 3                # enough that one block gives every reader work; + the caller
+# Measured cold, each read paired with a plain read of the same block (benchmarks/
+# disk_read.py --pieces; 2-core VM, virtio disk): 1 MiB pieces x 4 in flight 1.03x one plain read,
+# 4 MiB pieces 0.74x (probably: the in-flight span strays from the order the host's
+# readahead follows), 512 KiB 1.15x but ~7 us of Python (GIL) per piece.
+CHUNK = 1024 ** 2
+READERS = 3                # threads besides the caller: 4 pieces in flight
 
 Piece = Tuple[int, memoryview]          # file offset, destination
 
