@@ -324,3 +324,46 @@ def test_payload_round_trip_and_refusals():
     for bad in (object(), {(1, 2): 3}, [torch.nn.Linear(1, 1)]):
         with pytest.raises(PlacementError, match="accepted: tensors, tuples"):
             wire.flatten(bad)
+
+
+def _nbytes(x):
+    from comfyui_placement.runtime.distributed.wire import flatten
+    return sum(t.numel() * t.element_size() for t in flatten(x)[1])
+
+
+def test_chained_bytes_are_the_range_inputs_and_outputs_and_a_block_error_is_one_line(
+        tmp_path, workers):
+    from comfyui_placement.runtime.distributed import Cluster, remote_range
+    model, inp, models, path = flux(tmp_path, seed=3)
+    blocks = find_blocks(model)
+    seen = {}
+    hooks = [blocks[1][1].register_forward_pre_hook(
+                 lambda m, a, k: seen.__setitem__("in", _nbytes((a, k))), with_kwargs=True),
+             blocks[4][1].register_forward_hook(
+                 lambda m, a, out: seen.__setitem__("out", _nbytes(out)))]
+    expected = run(model, inp)
+    for h in hooks:
+        h.remove()
+    w = workers(models)
+    with Cluster(f"w1={w.address}", secret=b"loopback-secret", timeout_s=30) as cluster:
+        with remote_range(model, (1, 4), cluster["w1.cpu"], str(path)) as rr:
+            run(model, inp)
+            before = rr.stats()["links"]
+            assert torch.equal(run(model, inp), expected)
+            after = rr.stats()["links"]
+            assert after["cpu->w1.cpu"]["bytes"] - before["cpu->w1.cpu"]["bytes"] == seen["in"]
+            assert after["w1.cpu->cpu"]["bytes"] - before["w1.cpu->cpu"]["bytes"] == \
+                seen["out"]
+
+            def narrow(m, args, kwargs):               # a wrong width reaches the worker
+                kwargs = dict(kwargs, hidden_states=kwargs["hidden_states"][..., :5])
+                return args, kwargs
+            hook = blocks[1][1].register_forward_pre_hook(narrow, with_kwargs=True)
+            try:
+                with pytest.raises(PlacementError, match="a remote block failed: RuntimeError"
+                                   ) as err:
+                    run(model, inp)
+            finally:
+                hook.remove()
+            assert "\n" not in str(err.value)
+            assert torch.equal(run(model, inp), expected)      # the worker still serves
