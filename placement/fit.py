@@ -177,7 +177,7 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
                     options.prefetch_depth, tiles)
     best = search.run() if geos else ((0.0, 0, 0.0, 0), {}, [[0] * len(gpus) for _ in range(4)])
     if best is None:
-        raise explain_failure(search, options, budgets, host)
+        raise explain_failure(search, options, budgets, host, inventory)
     result = build_plan(search, best, request, inventory, infos, options, budgets, host, notes)
     for device, note in model.notes:        # step corrections: said where they acted
         for cp in result.components.values():

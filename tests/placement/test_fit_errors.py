@@ -61,3 +61,59 @@ def test_cli_host_error(flux):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert "host RAM" in out.stderr and "--max-vram cpu=" in out.stderr
+
+
+# -- the binding constraint: which GPU, which phase, by how much, one change that exists --
+
+def test_split_shortfall_names_the_gpus_together(flux):
+    msg = _error(PlacementSpec(auto_fit=True, offload_mode="none"),
+                 "cuda0=16GiB,cuda1=8GiB,cpu=64GiB", {"diffusion": flux})
+    # before: "needs 23.58 GiB on a GPU (whole)" though a split over both is allowed
+    assert "split over cuda0&cuda1" in msg and "together" in msg and "for sampling" in msg
+    assert "short by 0 B" not in msg and "offload_mode auto" in msg
+
+
+def test_asked_budget_names_the_flag_that_raises_it(flux):
+    msg = _error(PlacementSpec(auto_fit=True, params_backend="diffusion=cuda0",
+                               max_vram="cuda0=20GiB"),
+                 "cuda0=24GiB,cpu=64GiB", {"diffusion": flux})
+    assert "(cuda0, for sampling)" in msg
+    assert "raise max_vram cuda0= to at least 23.58 GiB (--max-vram cuda0=SIZE)" in msg
+    assert "leave the placement to auto-fit" in msg
+
+
+def test_a_gpu_too_small_even_empty_is_not_told_to_free_memory(flux):
+    msg = _error(PlacementSpec(auto_fit=True, params_backend="diffusion=cuda0"),
+                 "cuda0=4GiB,cpu=64GiB", {"diffusion": flux})
+    assert "cuda0 (4.00 GiB) cannot give that much even empty" in msg
+    assert "free " not in msg.split(";")[-1]
+
+
+def test_free_memory_budget_says_free_it_on_that_gpu(flux):
+    msg = _error(PlacementSpec(auto_fit=True, params_backend="diffusion=cuda0"),
+                 "cuda0=24GiB/20GiB,cpu=64GiB", {"diffusion": flux})
+    assert "free" in msg and "on cuda0" in msg and "margin" in msg and "max_vram" not in msg
+
+
+def test_together_names_the_binding_gpu_and_phase(tmp_path):
+    from comfyui_placement.placement.fit import FitOptions, fit
+    from comfyui_placement.placement.metadata.info import BlockInfo, ComponentInfo
+    from comfyui_placement.placement.resolve import Choice, Request
+    from comfyui_placement.placement.components import COMPONENTS
+    GiB = 1 << 30
+
+    def info(comp, total):
+        blocks = tuple(BlockInfo(f"blocks.{i}", total // 4, "blocks", i) for i in range(4))
+        return ComponentInfo(comp, total, blocks, arch="test", dtype="bf16",
+                             headroom_bytes=GiB)
+    infos = {"diffusion": info("diffusion", 10 * GiB), "te": info("te", 6 * GiB)}
+    req = Request({c: Choice(None, None, None) for c in COMPONENTS}, {}, False, [])
+    with pytest.raises(PlacementError) as e:
+        fit(req, Inventory.simulated("cuda0=16GiB,cpu=64GiB"), infos,
+            FitOptions(offload_mode="none"))
+    msg = str(e.value)
+    # 16 GiB of weights resident for the session + 1 GiB working memory on a 15.5 GiB
+    # budget: 1.5 GiB more on cuda0 fits it
+    assert "\n" not in msg and "not together" in msg
+    assert "it would fit with 1.50 GiB more on the GPU (cuda0 binds in every phase)" in msg
+    assert "offload_mode auto" in msg
