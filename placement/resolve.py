@@ -159,6 +159,7 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
             raise PlacementError(f"option(s) {', '.join(sorted(fit_options))} need auto_fit")
         result = explicit_plan(request, inventory, infos)
         result.warnings.extend(_unused_without_auto_fit(spec, inventory, request))
+        result.warnings.extend(_unused_budgets(result, inventory, request))
     decide_lora(result, infos, spec.lora_mode)
     for comp, info in infos.items():          # GGUF: the type(s) its weights rest in
         if info.quant and comp in result.components:
@@ -186,6 +187,19 @@ def _unused_without_auto_fit(spec: PlacementSpec, inventory: Inventory, request:
             out.append(f"max_vram {d.name}= is not used by an explicit plan (host RAM is "
                        f"budgeted by auto_fit only); turn on auto_fit or drop it")
     return out
+
+
+def _unused_budgets(result: Plan, inventory: Inventory, request: Request):
+    """A GPU budget no component of an explicit plan runs or rests on: said, not dropped."""
+    used = set()
+    for cp in result.components.values():
+        if cp.present or not any(c.present for c in result.components.values()):
+            used.update(cp.runtime)
+            used.add(cp.params)
+    return [f"max_vram {d.name}= is not used: no component of this plan runs or rests on "
+            f"{d.name}; place one there or drop it"
+            for d in inventory.devices
+            if d.kind != "cpu" and request.budgets.get(d.name) is not None and d.name not in used]
 
 
 def explicit_plan(request: Request, inventory: Inventory, infos) -> Plan:

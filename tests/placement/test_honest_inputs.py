@@ -157,3 +157,11 @@ def test_cli_errors_are_one_line(files):
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "twice" in out.stderr
     out = cli("--simulate", "cuda0=16GiB,cpu=64GiB", "--offload-mode", "balanced")
     assert out.returncode == 0 and "offload_mode balanced" in out.stdout
+
+
+def test_budget_on_a_gpu_nothing_uses_is_a_warning():
+    inv = Inventory.simulated("cuda0=16GiB,cuda1=8GiB,cpu=64GiB")
+    p = plan(PlacementSpec(backend="cuda0", max_vram="cuda1=4"), inv)
+    assert any("max_vram cuda1= is not used" in w for w in p.warnings)
+    used = plan(PlacementSpec(backend="te=cuda1", max_vram="cuda1=4"), inv)
+    assert not any("max_vram cuda1=" in w for w in used.warnings)
