@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="plan and run a small built-in model on a simulated "
                                        "two-GPU inventory, compared with an all-resident run")
     demo.add_argument("--json", action="store_true", help="print the stats as JSON too")
+    demo.add_argument("--gguf", metavar="TYPE", help="run the model quantized (Q8_0, Q4_0, "
+                      "Q4_K, ...) through the pack's GGUF loader, streamed (docs/gguf.md)")
     st = sub.add_parser("selftest", help="prove the runtime on this machine: CUDA tests, "
                         "host-to-device bandwidth, streaming overlap on a Flux-sized block "
                         "stack beside per-layer casting and diffusers' group offloading, a "
@@ -144,6 +146,9 @@ def _cmd_calibrate(args) -> int:
 
 
 def _cmd_demo(args) -> int:
+    if args.gguf:
+        from .demo_gguf import run_gguf_demo
+        return run_gguf_demo(args.gguf, as_json=args.json)
     from .demo import run_demo
     return run_demo(as_json=args.json)
 
