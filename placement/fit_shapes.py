@@ -2,13 +2,15 @@
 
 A component is `non_block_bytes` (embeddings, final layers: always with the main
 device) plus blocks in execution order. Streaming keeps a resident prefix of K blocks
-and cycles the rest through `min(depth, streamed - 1) + 1` slots of the largest
-streamed block (the ring of runtime/stream.py: one computing, `depth` in flight).
+and cycles the rest through a ring of `layout.ring_bytes(streamed sizes, depth)` bytes
+(the ring of runtime/stream.py; the arithmetic is placement/layout.py's, shared with
+the runtime, so what is predicted here is what the runtime allocates).
 """
 from bisect import bisect_left, bisect_right
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .fit_costs import FIXED_RESERVES
+from .layout import ring_bytes
 from .units import MiB
 
 
@@ -22,7 +24,7 @@ def headroom_of(info) -> int:
 class Geometry:
     """Prefix sums and stream footprints of one component, computed once per fit."""
     __slots__ = ("info", "comp", "total", "non_block", "sizes", "prefix", "n", "headroom",
-                 "_sufmax", "_need")
+                 "_sufmax", "_need", "_rings")
 
     def __init__(self, info, headroom: Optional[int] = None):
         self.info = info
@@ -42,17 +44,15 @@ class Geometry:
             sufmax[k] = max(self.sizes[k], sufmax[k + 1])
         self._sufmax = sufmax
         self._need: Dict[int, Tuple[List[int], List[int]]] = {}
+        self._rings: Dict[Tuple[int, int, int], int] = {}
 
     @property
     def largest_block(self) -> int:
         return self._sufmax[0]
 
     def window(self, k: int, depth: int) -> int:
-        """Bytes of the slot ring when blocks k.. are streamed with `depth` in flight."""
-        streamed = self.n - k
-        if streamed <= 0:
-            return 0
-        return (min(depth, streamed - 1) + 1) * self._sufmax[k]
+        """Bytes of the ring when blocks k.. are streamed with `depth` in flight."""
+        return self.range_window(k, self.n, depth)
 
     def stream_weights(self, k: int, depth: int) -> int:
         """Weight bytes on the device while streaming with prefix k: resident + slots."""
@@ -73,23 +73,24 @@ class Geometry:
         return k if k >= 0 else None
 
     def range_window(self, start: int, end: int, depth: int) -> int:
-        """Slot ring bytes when blocks start..end-1 are streamed."""
-        streamed = end - start
-        if streamed <= 0:
+        """Ring bytes when blocks start..end-1 are streamed."""
+        if end - start <= 0:
             return 0
-        return (min(depth, streamed - 1) + 1) * max(self.sizes[start:end])
+        key = (start, end, depth)
+        got = self._rings.get(key)
+        if got is None:
+            got = self._rings[key] = ring_bytes(self.sizes[start:end], depth)
+        return got
 
     def range_prefix(self, start: int, end: int, room: int, depth: int) -> Optional[int]:
         """Largest k such that blocks start..start+k-1 resident plus the ring for the rest
-        of the range fit `room` (the rule of runtime/split/layer.streamed_split)."""
-        prefix, sizes = self.prefix, self.sizes
+        of the range fit `room` (layout.resident_prefix, with the rings cached)."""
+        prefix = self.prefix
         if prefix[end] - prefix[start] <= room:
             return end - start
-        largest = 0
         for k in range(end - start - 1, -1, -1):      # blocks start+k..end-1 streamed
-            largest = max(largest, sizes[start + k])
-            slots = (min(depth, end - start - k - 1) + 1) * largest
-            if prefix[start + k] - prefix[start] + slots <= room:
+            if prefix[start + k] - prefix[start] + self.range_window(start + k, end,
+                                                                      depth) <= room:
                 return k
         return None
 

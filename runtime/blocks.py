@@ -94,3 +94,8 @@ def block_tensors(block: nn.Module) -> List[torch.Tensor]:
             seen.add(id(t))
             out.append(t)
     return out
+
+
+def block_tensor_ids(block: nn.Module) -> List[int]:
+    """ids of a block's parameters and buffers (placement.layout.group_blocks groups them)."""
+    return [id(t) for t in list(block.parameters()) + list(block.buffers())]

@@ -9,7 +9,7 @@ Modes, from the ComponentPlan:
 - params cpu/disk, no stream: every weight copied to the device for the placement (the
   phase) and dropped after, like stable-diffusion.cpp's offload.
 - params cpu/disk with stream: non-block weights and the first K blocks resident, the
-  rest streamed through a ring of prefetch_depth + 1 slots (runtime/stream.py).
+  rest streamed through a byte ring sized by placement/layout.py (runtime/stream.py).
 The module's tensors keep their identity: only `.data` is rebound, and put back on
 exit, also when the forward raised (a simulated out-of-memory, an interrupt).
 """
@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from ..placement.errors import PlacementError
-from .blocks import find_blocks
+from ..placement.layout import group_blocks
+from .blocks import block_tensor_ids, find_blocks
 from .residency import Group, PinnedPool, default_pinned_cap, rebind, give_back_freed_host_memory
 from .weightfile import DiskLayout, open_weight_file
 from .hoststore import group_key, packed_host
@@ -200,15 +201,7 @@ class Placed:
             raise PlacementError(
                 f"{self.component}: streaming asked for, but no repeated blocks were "
                 f"found in {type(self.module).__name__}; pass blocks=[names]")
-        owner: Dict[int, int] = {}
-        for bi, (_, block) in enumerate(block_list):
-            for t in list(block.parameters()) + list(block.buffers()):
-                owner[id(t)] = bi if owner.get(id(t), bi) == bi else -1
-        members = [[] for _ in block_list]
-        rest_ids = []
-        for tid in by_id:
-            bi = owner.get(tid, -1)
-            (members[bi] if bi >= 0 else rest_ids).append(tid)
+        members, rest_ids = group_blocks([block_tensor_ids(b) for _, b in block_list], by_id)
 
         def group(name, ids):
             return make_group(name, by_id, ids, self.file, self.key_map)

@@ -1,19 +1,25 @@
-"""Block streaming: a ring of `depth + 1` device slots, `depth` blocks in flight while
-one computes.
+"""Block streaming: a byte ring on the device, as many blocks in flight as fit in it.
+
+This is where a streamed block arrives: `Streamer._pre` (the block's forward pre-hook)
+waits for its copy, binds its tensors and calls the `on_arrive` seam (LoRA patches,
+GGUF dequantization hang there; `region(gi)` is the block's bytes in the ring).
 
 Streamed blocks are consumed in a sequence that runs on across forwards (sampling
-steps run the same blocks again): the j-th block consumed is schedule[j % n] and lives
-in slot j % nslots. So at each block the ring issues the copy `depth` positions ahead,
-into the slot of the block that just finished (ordered after it by a compute mark), and
-the copy engine keeps working across the step boundary instead of idling while the
-last blocks compute. A block's tensors are bound (`.data`) to views of its slot; they
-are re-bound only when its slot changes (when n is not a multiple of nslots).
+steps run the same blocks again): the j-th block consumed is schedule[j % n]. The ring
+is one device buffer of `placement.layout.ring_bytes(sizes, depth)` bytes (what the
+planner predicted); every block has its own offset in it (`ring_layout`), fixed for a
+given order, so a block's tensors are bound (`.data`) to views of the ring once. When
+block j starts, the copies of the blocks after it are issued as far as the ring has
+room beside the blocks not consumed yet (`ahead`), each ordered after the compute
+that read the bytes it overwrites (a compute mark), and the copy engine keeps working
+across the step boundary instead of idling while the last blocks compute.
 
 The schedule starts as the structural order. The first forward records the real
 order and does not run ahead past its end; a block arriving out of order drains the
-ring and the rest of that forward loads synchronously (still correct). The observed
-order is then adopted. A forward that stops midway (error, interrupt) is detected at
-the next one, which starts from a drained, clean ring.
+ring and the rest of that forward loads synchronously at offset 0 (still correct).
+The observed order is then adopted and the ring laid out again. A forward that stops
+midway (error, interrupt) is detected at the next one, which starts from a drained,
+clean ring.
 """
 import time
 import warnings
@@ -22,6 +28,7 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from ..placement.layout import ring_bytes, ring_layout
 from .residency import Group, rebind
 
 
@@ -45,15 +52,14 @@ class Streamer:
         self.modules = list(modules)
         self.sources = list(sources)
         self.reads = [s.read for s in self.sources]
+        self.sizes = [g.nbytes for g in self.groups]
         self.depth = depth
         self.n = n = len(self.groups)
-        self.lookahead = min(depth, n - 1) if n else 0
-        self.nslots = self.lookahead + 1 if n else 0
-        self.slot_bytes = max((g.nbytes for g in self.groups), default=0)
-        self.slots: List[torch.Tensor] = []
-        self.staging: List[Optional[torch.Tensor]] = []
+        self.ring_bytes = ring_bytes(self.sizes, depth)
+        self.ring: Optional[torch.Tensor] = None
+        self.staging: Optional[torch.Tensor] = None
         self._make_staging = staging
-        self.on_arrive: List[Callable[[int], None]] = []    # LoRA seam: (group index)
+        self.on_arrive: List[Callable[[int], None]] = []    # per-block arrival seam: (gi)
         self._views = {}
         self.skip_wait = False          # tests only: proves the race tests can fail
         self.wait_seconds = 0.0         # compute blocked on copies (overlap diagnostics)
@@ -62,40 +68,79 @@ class Streamer:
         self.observed: List[int] = []
         self.dynamic = False            # a block runs twice per forward: always synchronous
         self._handles = []
+        self._lay_out()
         self._reset()
+
+    @property
+    def allocated(self) -> bool:
+        return self.ring is not None
 
     # -- memory ----------------------------------------------------------------------
     def allocate(self) -> None:
-        for s in range(self.nslots):
-            self.slots.append(self.target.alloc(self.slot_bytes, "slots", f"stream slot {s}"))
+        self.ring = self.target.alloc(self.ring_bytes, "slots", "stream ring")
         needs_staging = any(r is not None for r in self.reads) and \
             not self.transfer.reads_into_dst
-        self.staging = [self._make_staging(self.slot_bytes) if needs_staging else None
-                        for _ in range(self.nslots)]
-        # copy endpoints per (slot, group), so issuing a copy is two list lookups
-        self.dst = [[slot[:g.nbytes] for g in self.groups] for slot in self.slots]
-        self.src = [[(st if st is not None else slot)[:g.nbytes] if r is not None
-                     else s.host for g, s, r in zip(self.groups, self.sources, self.reads)]
-                    for st, slot in zip(self.staging, self.slots)]
+        if needs_staging:
+            try:
+                self.staging = self._make_staging(self.ring_bytes)
+            except BaseException:
+                self.ring = None
+                self.target.free(self.ring_bytes, "slots")
+                raise
+        self._endpoints()
         self._reset()
+
+    def _endpoints(self) -> None:
+        """Copy endpoints per group at its ring offset and at offset 0 (synchronous
+        loads), so issuing a copy is list lookups."""
+        if self.ring is None:
+            return
+        ring, staging = self.ring, self.staging
+        host = staging if staging is not None else ring     # disk reads land here
+
+        def ends(gi, off):
+            nb = self.sizes[gi]
+            src = self.sources[gi].host if self.reads[gi] is None else host[off:off + nb]
+            return ring[off:off + nb], src
+        self.ends = [ends(gi, self.offset[gi]) for gi in range(len(self.groups))]
+        self.ends0 = [ends(gi, 0) for gi in range(len(self.groups))]
+
+    def _lay_out(self) -> None:
+        """Offsets of the blocks in the ring and how far ahead copies may run, for the
+        current schedule (the first n entries run; the rest never do)."""
+        order = self.schedule[:self.n]
+        lay = ring_layout([self.sizes[gi] for gi in order], self.ring_bytes,
+                          self.depth if self.n > 1 else 0)
+        self.offset = [0] * len(self.groups)
+        for p, gi in enumerate(order):
+            self.offset[gi] = lay.offsets[p]
+        self.ahead = lay.ahead
+        self._endpoints()
 
     def free(self) -> None:
         try:
             self.drain()                # a failed copy surfaces here, after the frees
         finally:
-            for _ in self.slots:
-                self.target.free(self.slot_bytes, "slots")
-            self.slots, self.staging, self.dst, self.src = [], [], [], []
+            if self.ring is not None:
+                self.target.free(self.ring_bytes, "slots")
+            self.ring = self.staging = None
+            self.ends = self.ends0 = []
             self._views = {}
             self._reset()               # nothing is in flight or bound any more
 
-    def _bind(self, gi: int, s: int) -> None:
-        views = self._views.get((gi, s))
-        if views is None:               # made once per (block, slot), reused every step
-            views = self._views[(gi, s)] = self.groups[gi].views(self.slots[s])
+    def _bind(self, gi: int, off: int) -> None:
+        views = self._views.get((gi, off))
+        if views is None:               # made once per (block, offset), reused every step
+            g = self.groups[gi]
+            views = self._views[(gi, off)] = g.views(self.ring[off:off + g.nbytes])
         for t, v in zip(self.groups[gi].tensors, views):
             rebind(t, v)
-        self.bound[gi] = s
+        self.bound[gi] = off
+
+    def region(self, gi: int) -> torch.Tensor:
+        """Block gi's bytes in the ring where it arrived (for an on_arrive callback)."""
+        off = self.bound[gi]
+        return self.ring[off:off + self.sizes[gi]]
 
     # -- hooks -----------------------------------------------------------------------
     def attach(self) -> None:
@@ -112,22 +157,28 @@ class Streamer:
         self.q = 0                      # global index of the next block to consume
         self.issued = 0                 # global indices [0, issued) have copies submitted
         self.fstart = 0                 # global index where this forward began
-        self.tickets = [None] * max(self.nslots, 1)
-        self.bound = [-1] * len(self.groups)   # slot each group's tensors point at
+        self.tickets = [None] * max(self.n, 1)      # by position in the schedule
+        self.bound = [-1] * len(self.groups)   # ring offset each group's tensors point at
         self.sync = self.dynamic
 
     def _issue_upto(self, last: int) -> None:
-        ns, n, sched = self.nslots, self.n, self.schedule
-        while self.issued <= last:
-            j = self.issued
-            s, gi = j % ns, sched[j % n]
-            self.tickets[s] = self.target.copy(self.dst[s][gi], self.src[s][gi],
-                                               self.reads[gi], self.transfer.compute_mark())
-            self.issued = j + 1
+        j = self.issued
+        if j > last:
+            return
+        n, sched, ends, reads, tickets = self.n, self.schedule, self.ends, self.reads, \
+            self.tickets
+        copy, mark = self.target.copy, self.transfer.compute_mark()
+        while j <= last:
+            p = j % n
+            gi = sched[p]
+            dst, src = ends[gi]
+            tickets[p] = copy(dst, src, reads[gi], mark)
+            j += 1
+        self.issued = j
 
     def _horizon(self, q: int) -> int:
         """Last global index that may be in flight when block q is next."""
-        last = q + self.lookahead
+        last = q + self.ahead[q % self.n]
         if self.learning:               # the order is not known past this forward yet
             last = min(last, self.fstart + self.n - 1)
         return last
@@ -139,7 +190,7 @@ class Streamer:
             self._reset()
         if self.learning:
             self.observed = []          # what a stopped first forward saw is not an order
-        if self.depth > 0 and self.n:
+        if self.n and not self.sync:
             self._issue_upto(self._horizon(self.q))
 
     def end_forward(self) -> None:
@@ -156,21 +207,24 @@ class Streamer:
             self._reset()
             return
         self.fstart = self.q
-        if self.depth > 0:
-            self._issue_upto(self._horizon(self.q))
+        self._issue_upto(self._horizon(self.q))
 
     def _pre(self, gi: int, module, args) -> None:
         if self.learning:
             self.observed.append(gi)
         q = self.q
-        if not self.sync and q - self.fstart < self.n and self.schedule[q % self.n] == gi:
-            self._issue_upto(self._horizon(q))
-            s = q % self.nslots
-            if self.bound[gi] != s:
-                self._bind(gi, s)
+        n = self.n
+        if not self.sync and q - self.fstart < n and self.schedule[q % n] == gi:
+            p = q % n
+            last = q + self.ahead[p]
+            if self.issued <= last:
+                self._issue_upto(min(last, self.fstart + n - 1) if self.learning else last)
+            off = self.offset[gi]
+            if self.bound[gi] != off:
+                self._bind(gi, off)
             if not self.skip_wait:
                 t0 = time.perf_counter()
-                self.transfer.wait(self.tickets[s])
+                self.transfer.wait(self.tickets[p])
                 self.wait_seconds += time.perf_counter() - t0
             self.q = q + 1
         else:
@@ -185,8 +239,8 @@ class Streamer:
             self.sync = True
         if self.bound[gi] != 0:
             self._bind(gi, 0)
-        ticket = self.target.copy(self.dst[0][gi], self.src[0][gi], self.reads[gi],
-                                  self.transfer.compute_mark())
+        dst, src = self.ends0[gi]
+        ticket = self.target.copy(dst, src, self.reads[gi], self.transfer.compute_mark())
         self.transfer.wait(ticket)
 
     def _adopt(self, observed: List[int]) -> bool:
@@ -203,7 +257,7 @@ class Streamer:
         # blocks never called stay at the end of the schedule and are never loaded
         self.schedule = list(observed) + [gi for gi in range(self.n) if gi not in called]
         self.n = len(observed)
-        self.lookahead = min(self.lookahead, self.n - 1)
+        self._lay_out()                 # same ring bytes, offsets for the real order
         return True
 
     def drain(self) -> None:
@@ -211,10 +265,9 @@ class Streamer:
 
     @property
     def streamed_bytes(self) -> int:
-        return sum(self.groups[gi].nbytes for gi in self.schedule[:self.n])
+        return sum(self.sizes[gi] for gi in self.schedule[:self.n])
 
     @property
     def ahead_bytes(self) -> int:
         """Bytes already copied (or in flight) for blocks not consumed yet."""
-        return sum(self.groups[self.schedule[j % self.n]].nbytes
-                   for j in range(self.q, self.issued))
+        return sum(self.sizes[self.schedule[j % self.n]] for j in range(self.q, self.issued))

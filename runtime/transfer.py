@@ -147,7 +147,7 @@ class CudaTransfer(Transfer):
     def __init__(self, device: str):
         self.device = torch.device(device)
         self.stream = torch.cuda.Stream(self.device)
-        self._staging_events = {}         # staging data_ptr -> event of its last copy
+        self._staging_events = []         # (first, end) addresses of a staging range, event
         self._worker = None               # started by the first disk read
 
     def alloc(self, nbytes: int) -> torch.Tensor:
@@ -174,12 +174,20 @@ class CudaTransfer(Transfer):
             ticket.event.record(self.stream)
 
     def _read_then_copy(self, ticket, dst, src, read, after):
-        last = self._staging_events.get(src.data_ptr())
-        if last is not None:
-            last.synchronize()            # the DMA from this staging buffer has finished
+        # staging is a ring too (blocks at their own offsets): before reading into a
+        # range, the DMAs still reading any overlapping range must have finished
+        lo = src.data_ptr()
+        hi = lo + src.numel()
+        kept = []
+        for a, b, event in self._staging_events:
+            if a < hi and lo < b:
+                event.synchronize()
+            elif not event.query():
+                kept.append((a, b, event))
         read(src)
         self._issue(ticket, dst, src, after)
-        self._staging_events[src.data_ptr()] = ticket.event
+        kept.append((lo, hi, ticket.event))
+        self._staging_events = kept
 
     def compute_mark(self):
         event = torch.cuda.Event()

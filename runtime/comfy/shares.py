@@ -23,9 +23,9 @@ frees room on):
   component's "headroom_bytes" (the planner's figure, headroom included);
 - otherwise from the plan and the module's block sizes, the way the engine places them:
   one device: everything, or when streamed the non-block weights + the first K blocks
-  + (min(depth, streamed - 1) + 1) slots of the largest streamed block; layer split:
-  the main device's non-block weights + each device's block range (a range over its
-  budget: resident prefix + slots, as runtime/split/layer.py streams it); row split:
+  + the stream ring (placement/layout.ring_bytes, what the engine allocates); layer
+  split: the main device's non-block weights + each device's block range (a range over
+  its budget: resident prefix + ring, as runtime/split/layer.py streams it); row split:
   each device's rows of the eligible Linears (runtime/split/row.py's counts), the rest
   on the main device.
 Devices of kind cpu get no share: ComfyUI does not manage the host's memory this way.
@@ -47,6 +47,7 @@ import torch
 import comfy.model_patcher
 
 from ...placement.errors import PlacementError
+from ...placement.layout import group_blocks, ring_bytes
 from .engine_patcher import SHARES_KEY      # additional_models key; one share per device
 
 
@@ -100,26 +101,16 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 def _block_sizes(module) -> Tuple[int, List[int]]:
     """(non-block bytes, [bytes per block]) with the engine's grouping: a tensor shared
     between blocks is non-block; blocks without tensors of their own are dropped."""
-    from ...runtime.blocks import find_blocks
+    from ...runtime.blocks import block_tensor_ids, find_blocks
     tensors = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
-    owner: Dict[int, int] = {}
     blocks = find_blocks(module, None)
-    for bi, (_, block) in enumerate(blocks):
-        for t in list(block.parameters()) + list(block.buffers()):
-            owner[id(t)] = bi if owner.get(id(t), bi) == bi else -1
-    sizes = [0] * len(blocks)
-    nonblock = 0
-    for tid, t in tensors.items():
-        bi = owner.get(tid, -1)
-        if bi >= 0:
-            sizes[bi] += _tensor_bytes(t)
-        else:
-            nonblock += _tensor_bytes(t)
-    return nonblock, [s for s in sizes if s]
+    members, rest = group_blocks([block_tensor_ids(b) for _, b in blocks], tensors)
+    sizes = [sum(_tensor_bytes(tensors[i]) for i in m) for m in members if m]
+    return sum(_tensor_bytes(tensors[i]) for i in rest), sizes
 
 
 def _slots(sizes: List[int], depth: int) -> int:
-    return (min(depth, len(sizes) - 1) + 1) * max(sizes) if sizes else 0
+    return ring_bytes(sizes, depth)
 
 
 def _one_device_bytes(cp, module) -> int:

@@ -17,9 +17,10 @@ from typing import Dict, List
 import torch
 
 from ...placement.errors import PlacementError
+from ...placement.layout import group_blocks, resident_prefix, ring_bytes
 from ...placement.ranges import proportional_ranges
 from ...placement.units import format_bytes
-from ..blocks import find_blocks
+from ..blocks import block_tensor_ids, find_blocks
 from ..residency import PinnedPool, default_pinned_cap
 from ..weightfile import DiskLayout, open_weight_file
 from ..hoststore import group_key, packed_host
@@ -44,14 +45,9 @@ def ranges_to_owner(ranges: Dict[str, List[int]], names: List[str], n: int):
 
 
 def streamed_split(sizes: List[int], room: int, depth: int):
-    """Largest resident prefix k of a range so that prefix + ring slots fit `room`.
+    """Largest resident prefix k of a range so that prefix + the ring fit `room`.
     Returns k, or None when not even an all-streamed range fits."""
-    for k in range(len(sizes), -1, -1):
-        rest = sizes[k:]
-        slots = (min(depth, len(rest) - 1) + 1) * max(rest) if rest else 0
-        if sum(sizes[:k]) + slots <= room:
-            return k
-    return None
+    return resident_prefix(sizes, room, depth)
 
 
 class LayerSplit(SplitBase):
@@ -68,15 +64,7 @@ class LayerSplit(SplitBase):
         by_id = self._capture()
         if self.cplan.params == "disk":
             self.file = open_weight_file(self.weights_file)
-        owner: Dict[int, int] = {}
-        for bi, (_, block) in enumerate(block_list):
-            for t in list(block.parameters()) + list(block.buffers()):
-                owner[id(t)] = bi if owner.get(id(t), bi) == bi else -1   # shared: non-block
-        members = [[] for _ in block_list]
-        rest = []
-        for tid in by_id:
-            bi = owner.get(tid, -1)
-            (members[bi] if bi >= 0 else rest).append(tid)
+        members, rest = group_blocks([block_tensor_ids(b) for _, b in block_list], by_id)
         kept = [(n, b, m) for (n, b), m in zip(block_list, members) if m]
         self.block_modules = [b for _, b, _ in kept]
         groups = [make_group(n, by_id, m, self.file, self.key_map) for n, _, m in kept]
@@ -121,8 +109,9 @@ class LayerSplit(SplitBase):
                     k = streamed_split(sizes, room, depth)
                     if k is None:
                         raise PlacementError(f"{self.component}: {where}, too little even to "
-                                             f"stream them ({depth + 1} slots of the largest "
-                                             f"block); raise its budget")
+                                             f"stream them (a ring of "
+                                             f"{format_bytes(ring_bytes(sizes, depth))}); "
+                                             f"raise its budget")
             self.resident[d] += [groups[i] for i in idx[:k]]
             streamed = idx[k:]
             if not streamed:
@@ -167,9 +156,7 @@ class LayerSplit(SplitBase):
                           f"match a range of {len(sizes)} blocks; sized from the budget",
                           RuntimeWarning, stacklevel=5)
             return None
-        rest = sizes[k:]
-        slots = (min(depth, len(rest) - 1) + 1) * max(rest) if rest else 0
-        if sum(sizes[:k]) + slots > room:
+        if sum(sizes[:k]) + ring_bytes(sizes[k:], depth) > room:
             warnings.warn(f"{self.component}: the plan keeps {k} of {of} blocks resident, "
                           f"which does not fit the budget here; sized from the budget",
                           RuntimeWarning, stacklevel=5)
@@ -204,7 +191,7 @@ class LayerSplit(SplitBase):
 
     def _free_more(self) -> None:
         for s in getattr(self, "streamers", []):
-            if s.slots:
+            if s.allocated:
                 s.free()
 
     # -- hooks --------------------------------------------------------------------------

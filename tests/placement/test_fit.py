@@ -37,8 +37,9 @@ def run(inv, infos, req=None, **options):
 def _brute_prefix(sizes, non_block, headroom, budget, depth):
     best = None
     for k in range(len(sizes)):
-        streamed = len(sizes) - k
-        slots = (min(depth, streamed - 1) + 1) * max(sizes[k:])
+        rest = sizes[k:]                # the byte ring: most bytes of w cyclic neighbours
+        w = min(depth, len(rest) - 1) + 1
+        slots = max(sum(rest[(p + i) % len(rest)] for i in range(w)) for p in range(len(rest)))
         if non_block + sum(sizes[:k]) + slots + headroom <= budget:
             best = k
     return best

@@ -109,7 +109,7 @@ def recount(plan, infos):
                 assert count == last - first + 1
                 rest = sizes[first + k:last + 1]
                 depth = cp.stream.prefetch_depth
-                slots = (min(depth, len(rest) - 1) + 1) * max(rest) if rest else 0
+                slots = ring(rest, depth)
                 held = sum(sizes[first:first + k]) + slots + (non_block if i == 0 else 0)
                 add(dev, held + hr, phase)
             assert cp.resident_bytes + cp.streamed_bytes == info.total_bytes
@@ -130,7 +130,7 @@ def recount(plan, infos):
         elif cp.stream is not None:
             k, depth = cp.stream.resident_blocks, cp.stream.prefetch_depth
             streamed = len(sizes) - k
-            slots = (min(depth, streamed - 1) + 1) * max(sizes[k:]) if streamed else 0
+            slots = ring(sizes[k:], depth)
             assert cp.resident_bytes == non_block + sum(sizes[:k])
             assert cp.streamed_bytes == sum(sizes[k:])
             add(cp.runtime[0], non_block + sum(sizes[:k]) + slots + hr, phase)
@@ -140,6 +140,16 @@ def recount(plan, infos):
             add(cp.runtime[0], info.total_bytes, None if persistent else phase)
             add(cp.runtime[0], hr, phase)
     return use
+
+
+def ring(sizes, depth):
+    """The stream ring's bytes: the most that min(depth, m - 1) + 1 cyclically
+    consecutive streamed blocks take (runtime/stream.py's byte ring)."""
+    m = len(sizes)
+    if not m:
+        return 0
+    w = min(depth, m - 1) + 1
+    return max(sum(sizes[(p + i) % m] for i in range(w)) for p in range(m))
 
 
 def check_budgets(plan, infos):
