@@ -260,3 +260,9 @@ def test_cache_dir_rules_by_hand(monkeypatch, tmp_path):
 def test_fingerprint_names_host_and_hardware():
     a, b = mf.fingerprint(machine()), mf.fingerprint(machine(total=12 * GiB))
     assert a != b and "Fake GPU 24GB" in a
+
+
+def test_simulated_figures_are_listed_with_the_device():
+    d = Inventory.simulated("cuda0=24GiB@165T@25GB/s,cuda1=8GiB").to_dict()["devices"]
+    assert d[0]["throughput_flops"] == 165e12 and d[0]["bandwidth_bytes_per_s"] == 25e9
+    assert "throughput_flops" not in d[1]
