@@ -82,7 +82,8 @@ def render_plan(plan) -> str:
         comp_rows.append([
             name + ("" if cp.present else " (not loaded)"),
             _runtime_text(cp.runtime), cp.params,
-            cp.split_mode if cp.is_split else "-", _stream_text(cp),
+            ("batch" if cp.parallel == "batch" else cp.split_mode) if cp.is_split else "-",
+            _stream_text(cp),
             short_bytes(cp.total_bytes) if cp.present else "-",
             short_bytes(cp.resident_bytes) if cp.present else "-",
             short_bytes(cp.streamed_bytes) if cp.present and cp.stream else "-",

@@ -52,6 +52,13 @@ function fmt(bytes) {
   return `${sign}${n} B`;
 }
 
+function seconds(v) {
+  // three significant digits, as placement/report.py seconds_text
+  if (v == null) return "-";
+  const g = (x) => String(Number(x.toPrecision(3)));
+  return v >= 1 ? `${g(v)} s` : `${g(v * 1000)} ms`;
+}
+
 function state(node) {
   if (!node.__placement) node.__placement = { plan: null, text: "", warnings: [], measured: null };
   return node.__placement;
@@ -219,9 +226,12 @@ function drawPlan(node, ctx) {
     ctx.fillText(`${c}: runs on ${cp.runtime.join("&")}, rests on ${cp.params}${stream}`, x0, y);
     y += 13;
   }
+  // the figures the text report and the measured lines print, in their format
   const secs = plan.fit?.predicted;
-  const sec = (v) => (v >= 1 ? `${v.toFixed(2)} s` : `${(v * 1000).toPrecision(3)} ms`);
-  if (secs?.step_s != null) { ctx.fillText(`predicted ${sec(secs.step_s)} per step, ${sec(secs.generation_s ?? 0)} per generation`, x0, y); y += 13; }
+  if (secs?.sample_step_s != null) {
+    st.predictedDrawn = `predicted ${seconds(secs.sample_step_s)} per sampling step, ${seconds(secs.generation_s)} per generation`;
+    ctx.fillText(st.predictedDrawn, x0, y); y += 13;
+  }
   if (plan.workload) { ctx.fillStyle = COLORS.dim; ctx.fillText(`planned for ${plan.workload.resolution?.join?.("x") ?? ""} x${plan.workload.batch ?? 1}, ${plan.workload.steps ?? "?"} steps`, x0, y); y += 13; ctx.fillStyle = COLORS.text; }
   // after a run: what it measured, the server's own lines (also in its log)
   const measured = st.measured;
@@ -250,7 +260,7 @@ function drawPlan(node, ctx) {
   const labelW = 110;
   let lx = x0;
   const legend = [["resident", "resident"], ["ring", "stream ring"], ["work", "working"], ["free", "free"], ["budget", "budget"]];
-  if (measured) legend.push(["measured", "measured peak"]);
+  if (Object.keys(measured?.peaks ?? {}).length) legend.push(["measured", "measured peak"]);
   for (const [k, label] of legend) {
     const w = ctx.measureText(label).width + 22;
     if (lx > x0 && lx + w - 10 > x0 + width) { lx = x0; y += 13; }    // wrap the legend

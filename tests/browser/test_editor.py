@@ -258,6 +258,18 @@ def test_auto_fit_plan_is_drawn_per_device_and_phase(page):
         assert used == table[bar["device"]["name"]]["phases"][bar["phase"]]
     assert {b["phase"] for b in got["bars"]} >= {"sample", "decode"}
     assert got["plan"]["fit"]["predicted"]["step_s"] > 0
+    # predicted and measured side by side, each prediction printed as the text report
+    # prints it (one source: the plan JSON, one format)
+    seen = page.evaluate("""() => { const st = window.comfyPlacement.state(window.__app.graph
+        ._nodes.find((n) => n.comfyClass === 'PlacementApply'));
+        return {predicted: st.predictedDrawn, measured: st.measuredDrawn, text: st.text}; }""")
+    step = seen["predicted"].split("predicted ")[1].split(" per sampling step")[0]
+    gen = seen["predicted"].split(", ")[1].split(" per generation")[0]
+    text = " ".join(seen["text"].split())           # the report wraps at 100 columns
+    assert f"predicted: {step} per sampling step" in text, text
+    assert f"{gen} per generation" in text, text
+    assert f"predicted {step} per sampling step" in seen["measured"][0], seen["measured"]
+    assert f"predicted {gen} (encode" in seen["measured"][1], seen["measured"]
 
 
 def test_old_workflows_still_load(page):

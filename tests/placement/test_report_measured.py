@@ -16,12 +16,13 @@ def test_seconds_have_three_significant_digits():
     assert seconds_text(1.23456) == "1.23 s"
     assert seconds_text(0.41234) == "412 ms"
     assert seconds_text(0.000311) == "0.311 ms"
+    assert seconds_text(1234.5) == "1230 s" and seconds_text(1e-8) == "0.00001 ms"
 
 
 def test_measured_lines_put_each_figure_beside_its_prediction():
     lines = render_measured(record())
-    assert lines[0] == ("measured (run 3): sampling 4 steps in 500 ms, 125 ms per step; "
-                        "predicted 100 ms per step")
+    assert lines[0] == ("measured (run 3): sampling 4 steps in 500 ms, 125 ms per sampling "
+                        "step; predicted 100 ms per sampling step")
     assert lines[1] == ("measured generation: 750 ms (sampling + decode; text encoding not "
                         "timed); predicted 600 ms (encode + 4 steps + decode)")
     # a peak beside the planned bytes of its device (per phase where the plan has phases)
