@@ -78,6 +78,14 @@ def _pick(given: Mapping, device, simulated: Optional[float], measured: Mapping[
     return defaults[device.kind], "default"
 
 
+def _first_of(given: Optional[float], measured: Optional[float], default):
+    if given is not None:
+        return float(given), "given"
+    if measured is not None:
+        return float(measured), "measured"
+    return default, "default"
+
+
 class Workload:
     """What one component computes per forward, from its size and the latent shape."""
     __slots__ = ("flop", "runs", "activation_bytes")
@@ -178,18 +186,11 @@ class CostModel:
                                measured.bandwidth, DEFAULT_BANDWIDTH)
             self.bandwidth[d.name] = value
             self.sources["bandwidth"][d.name] = src
-        if disk_bandwidth is not None:
-            self.disk_bandwidth, self.sources["disk_bandwidth"] = float(disk_bandwidth), "given"
-        elif measured.disk_bandwidth is not None:
-            self.disk_bandwidth, self.sources["disk_bandwidth"] = measured.disk_bandwidth, "measured"
-        else:
-            self.disk_bandwidth, self.sources["disk_bandwidth"] = DEFAULT_DISK_BANDWIDTH, "default"
-        if peer_bandwidth is not None:
-            self.peer_bandwidth, self.sources["peer_bandwidth"] = float(peer_bandwidth), "given"
-        elif measured.peer_bandwidth is not None:
-            self.peer_bandwidth, self.sources["peer_bandwidth"] = measured.peer_bandwidth, "measured"
-        else:   # the slower of the two host links (a copy through host memory)
-            self.peer_bandwidth, self.sources["peer_bandwidth"] = None, "default"
+        self.disk_bandwidth, self.sources["disk_bandwidth"] = _first_of(
+            disk_bandwidth, measured.disk_bandwidth, DEFAULT_DISK_BANDWIDTH)
+        # default None: the slower of the two host links (a copy through host memory)
+        self.peer_bandwidth, self.sources["peer_bandwidth"] = _first_of(
+            peer_bandwidth, measured.peer_bandwidth, None)
         self.origin = measured.origin
         for name, value in (list(self.throughput.items()) + list(self.bandwidth.items())
                             + [("disk", self.disk_bandwidth)]):

@@ -66,7 +66,8 @@ def test_throughput_units(text, value):
 
 
 @pytest.mark.parametrize("text,value", [("25GB/s", 25e9), ("3.5GiB/s", 3.5 * GiB),
-                                        ("800MB/s", 800e6), ("1 TB/s", 1e12), ("512MiB/s", 512 << 20)])
+                                        ("800MB/s", 800e6), ("1 TB/s", 1e12),
+                                        ("512MiB/s", 512 << 20)])
 def test_bandwidth_units(text, value):
     assert mf.parse_bandwidth(text) == pytest.approx(value)
 
