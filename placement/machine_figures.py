@@ -144,6 +144,21 @@ def observe_step(inventory, device: str, component: str, predicted_s: float,
     return _device_correction(corrections[device])[0]
 
 
+def observe_plan_step(inventory, plan, component: str, measured_s: float,
+                      path: Optional[Path] = None) -> Dict[str, float]:
+    """observe_step for every device `component` ran on under an auto-fit `plan`, with the
+    plan's own prediction (fit.components[component].forward_s: one forward = one sampling
+    step, CFG included). {device: correction now in force}; {} for a plan that predicted
+    nothing (an explicit plan) or a simulated inventory."""
+    fit = (getattr(plan, "extra", None) or {}).get("fit") or {}
+    predicted = ((fit.get("components") or {}).get(component) or {}).get("forward_s")
+    cp = plan.components.get(component)
+    if not predicted or cp is None or getattr(inventory, "source", "") != "detected":
+        return {}
+    return {d: observe_step(inventory, d, component, predicted, measured_s, path)
+            for d in cp.runtime}
+
+
 def _bounded(ratio: float) -> float:
     low, high = CORRECTION_BOUNDS
     return min(high, max(low, ratio))

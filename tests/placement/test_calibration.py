@@ -267,3 +267,19 @@ def test_simulated_figures_are_listed_with_the_device():
     d = Inventory.simulated("cuda0=24GiB@165T@25GB/s,cuda1=8GiB").to_dict()["devices"]
     assert d[0]["throughput_flops"] == 165e12 and d[0]["bandwidth_bytes_per_s"] == 25e9
     assert "throughput_flops" not in d[1]
+
+
+def test_observe_plan_step_uses_the_plans_prediction_on_each_runtime_device():
+    inv = Inventory([Device(f"cuda{i}", "gpu", 8 * GiB, 8 * GiB, "Fake 8GB", f"cuda:{i}")
+                     for i in range(2)] + [Device("cpu", "cpu", 64 * GiB, 64 * GiB, "host", "cpu")],
+                    source="detected")
+    p = plan_on(inv)
+    runtime = p.components["diffusion"].runtime
+    assert runtime == ["cuda0", "cuda1"]
+    predicted = p.extra["fit"]["components"]["diffusion"]["forward_s"]
+    assert mf.observe_plan_step(inv, p, "diffusion", 1.5 * predicted) == \
+        {"cuda0": pytest.approx(1.5), "cuda1": pytest.approx(1.5)}
+    assert cost(plan_on(inv))["corrections"]["cuda1"]["factor"] == pytest.approx(1.5)
+    assert mf.observe_plan_step(inv, p, "vae", 1.0) == {}              # not in the plan
+    assert mf.observe_plan_step(Inventory.simulated("cuda0=8GiB,cuda1=8GiB"), p,
+                                "diffusion", 1.0) == {}
