@@ -30,6 +30,7 @@ import torch
 
 from ..placement.layout import ring_bytes, ring_layout
 from .residency import Group, rebind
+from .transfer import ALREADY_DONE
 
 
 class Source:
@@ -167,12 +168,15 @@ class Streamer:
             return
         n, sched, ends, reads, tickets = self.n, self.schedule, self.ends, self.reads, \
             self.tickets
-        copy, mark = self.target.copy, self.transfer.compute_mark()
-        while j <= last:
+        transfer, ledger = self.transfer, self.target.ledger
+        mark = transfer.compute_mark()
+        while j <= last:                # Target.copy, inlined: this runs once per block
             p = j % n
             gi = sched[p]
             dst, src = ends[gi]
-            tickets[p] = copy(dst, src, reads[gi], mark)
+            ledger.h2d_bytes += self.sizes[gi]
+            ledger.h2d_copies += 1
+            tickets[p] = transfer.submit(dst, src, reads[gi], mark)
             j += 1
         self.issued = j
 
@@ -219,13 +223,18 @@ class Streamer:
             last = q + self.ahead[p]
             if self.issued <= last:
                 self._issue_upto(min(last, self.fstart + n - 1) if self.learning else last)
+            ticket = self.tickets[p]
             off = self.offset[gi]
             if self.bound[gi] != off:
                 self._bind(gi, off)
-            if not self.skip_wait:
-                t0 = time.perf_counter()
-                self.transfer.wait(self.tickets[p])
-                self.wait_seconds += time.perf_counter() - t0
+            # a copy carried out when submitted (the host's own link) has nothing to wait
+            # for; anything else (a worker's, a CUDA event, an error) goes through wait
+            if ticket.done is not ALREADY_DONE or ticket.error is not None \
+                    or ticket.event is not None:
+                if not self.skip_wait:
+                    t0 = time.perf_counter()
+                    self.transfer.wait(ticket)
+                    self.wait_seconds += time.perf_counter() - t0
             self.q = q + 1
         else:
             self._load_now(gi)

@@ -22,8 +22,10 @@ import torch
 class Ticket:
     __slots__ = ("done", "error", "reported", "event", "nbytes")
 
-    def __init__(self, nbytes: int):
-        self.done = threading.Event()     # host side: the copy was carried out / issued
+    def __init__(self, nbytes: int, done: Optional[threading.Event] = None):
+        # host side: the copy was carried out / issued. A copy done before submit
+        # returns shares one set event (no Event made and set per copy in the hot path)
+        self.done = threading.Event() if done is None else done
         self.error = None
         self.reported = False             # its error was raised once (at wait): not again
         self.event = None                 # CUDA: event on the copy stream
@@ -130,6 +132,10 @@ def drain_workers(workers, quiet: bool = False) -> None:
         raise first
 
 
+ALREADY_DONE = threading.Event()        # shared by tickets complete when submitted: never clear
+ALREADY_DONE.set()
+
+
 def raise_if_failed(ticket: Ticket) -> None:
     if ticket.error is not None:
         ticket.reported = True
@@ -154,11 +160,11 @@ class CudaTransfer(Transfer):
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def submit(self, dst, src, read=None, after=None) -> Ticket:
-        ticket = Ticket(dst.numel())
         if read is None:
+            ticket = Ticket(dst.numel(), ALREADY_DONE)
             self._issue(ticket, dst, src, after)
-            ticket.done.set()
             return ticket
+        ticket = Ticket(dst.numel())
         if self._worker is None:
             self._worker = CopyWorker(str(self.device), self._read_then_copy)
         self._worker.put(ticket, (dst, src, read, after))
