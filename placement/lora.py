@@ -17,7 +17,8 @@ def runtime_reasons(cp, info) -> list:
     if cp.params == "disk":
         why.append("params on disk")
     if cp.is_split:
-        why.append(f"{cp.split_mode} split")
+        why.append("batch parallel: a copy per device" if cp.parallel == "batch"
+                   else f"{cp.split_mode} split")
     if info is not None and getattr(info, "quant", None):
         why.append(f"quantized ({info.quant})")
     return why

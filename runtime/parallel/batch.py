@@ -306,6 +306,18 @@ class BatchPlaced:
         target = getattr(self.placed[0], "target", None)
         return None if target is None else target.device
 
+    # -- per-device placements ------------------------------------------------------------
+    def set_lora(self, patches) -> None:
+        """Runtime LoRA ({weight name: [(down, up, alpha, strength), ...]}) on every
+        device's copy (runtime.place's set_lora: arriving blocks and resident weights)."""
+        for placed in self.placed:
+            placed.set_lora(patches)
+
+    def release(self) -> None:
+        """Give every device's memory back; the next forward loads again."""
+        for placed in self.placed:
+            placed.release()
+
     # -- stats ---------------------------------------------------------------------------
     def _stats_now(self) -> dict:
         per = {d: p.stats() for d, p in zip(self.devices, self.placed)} if self.placed \
