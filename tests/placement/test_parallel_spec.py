@@ -46,6 +46,8 @@ def test_explicit_plan_puts_it_in_the_plan_with_both_devices():
     assert cp.parallel == "batch" and cp.runtime == ["cuda0", "cuda1"] and cp.blocks == {}
     assert cp.stream is not None and any("batch parallel" in r for r in cp.reasons)
     assert needs(cp, inv)[:4] == ["batch_parallel", "stream", "cpu_params", "simulated"]
+    row = next(l for l in p.report().splitlines() if l.startswith("diffusion"))
+    assert "cuda0&cuda1" in row and " batch " in row         # the split column says batch
     again = Plan.from_json(p.to_json())
     assert again.components["diffusion"].parallel == "batch"
     # every device holds its own copy: both are planned for it
