@@ -184,6 +184,14 @@ def _speeds(plan, model) -> str:
         parts.append(f"{_rate(peer, 'B/s')} between GPUs")
     source = ("the default speeds of each device kind" if default and not peer
               else "speeds given to the planner")
+    sources = model.get("sources")     # fit_costs.CostModel: given / measured / default
+    if sources:                        # docs/calibration.md
+        used = {v for v in sources.values() for v in (v.values() if isinstance(v, dict) else [v])}
+        source = ("measured on this machine" + (", some given" if "given" in used else "")
+                  if "measured" in used else "speeds given to the planner" if "given" in used
+                  else "the default speeds of each device kind")
+        if model.get("corrections"):
+            source += ", corrected by observed runs"
     return "; ".join(parts) + f" ({source})"
 
 

@@ -283,3 +283,13 @@ def test_observe_plan_step_uses_the_plans_prediction_on_each_runtime_device():
     assert mf.observe_plan_step(inv, p, "vae", 1.0) == {}              # not in the plan
     assert mf.observe_plan_step(Inventory.simulated("cuda0=8GiB,cuda1=8GiB"), p,
                                 "diffusion", 1.0) == {}
+
+
+def test_report_says_where_the_speeds_come_from():
+    inv = machine()
+    assert "(the default speeds of each device kind)" in " ".join(plan_on(inv).report().split())
+    mf.save_measurements(inv, record())
+    text = " ".join(plan_on(inv, bandwidth={"cuda0": 9e9}).report().split())
+    assert "(measured on this machine, some given)" in text
+    mf.observe_step(inv, "cuda0", "diffusion", 1.0, 2.0)
+    assert "corrected by observed runs)" in " ".join(plan_on(inv).report().split())
