@@ -27,6 +27,7 @@ module is as it was (like runtime.place, its streamed weights may now live in th
 packed host copy, same objects and values). One error is raised: the first that
 happened; later ones are attached to it as notes.
 """
+import contextlib
 import copy
 import threading
 import time
@@ -53,6 +54,16 @@ def device_plan(plan: Plan, component: str, device: str) -> Plan:
     one = replace(cp, runtime=[device], params=params, parallel="none", blocks={},
                   stream=copy.deepcopy(cp.stream), reasons=list(cp.reasons))
     return Plan(plan.devices, {component: one}, [], plan.version, dict(plan.extra))
+
+
+def _autocast_now():
+    """[(device type, dtype)] of the autocast regions the caller's thread is in: thread
+    state, like grad and inference mode, that the share threads must take on."""
+    out = []
+    for device_type in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device_type):
+            out.append((device_type, torch.get_autocast_dtype(device_type)))
+    return out
 
 
 def cut_all(args, kwargs, batch: int, start: int, stop: int):
@@ -239,7 +250,7 @@ class BatchPlaced:
             self.items[self.devices[i]] += b - a
         if len(jobs) == 1:
             return self._run_share(jobs[0][0], args, kwargs)
-        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _autocast_now())
         errors: List[tuple] = []
         outputs: List = [None] * len(jobs)
 
@@ -249,8 +260,11 @@ class BatchPlaced:
                 if in_caller:
                     outputs[slot] = self._run_share(i, share_args, share_kwargs)
                     return
-                grad, inference = modes
-                with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                grad, inference, autocast = modes
+                with torch.inference_mode(inference), torch.set_grad_enabled(grad), \
+                        contextlib.ExitStack() as stack:
+                    for device_type, dtype in autocast:
+                        stack.enter_context(torch.autocast(device_type, dtype=dtype))
                     outputs[slot] = self._run_share(i, share_args, share_kwargs)
             except BaseException as e:          # noqa: B902 - re-raised by the caller
                 with self._lock:

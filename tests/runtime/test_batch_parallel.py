@@ -340,3 +340,14 @@ def test_runtime_lora_and_release_reach_every_device(tiny, sim_inventory):
         placed.set_lora({})
         torch.testing.assert_close(run(model, inp), plain, rtol=1e-5, atol=1e-5)
     assert placed.stats()["items"] == {"cuda0": 3, "cuda1": 3}
+
+
+def test_autocast_reaches_the_worker_thread(tiny, sim_inventory):
+    model, inp = tiny("sd3")
+    inp = batched(inp, 2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        shares = torch.cat([model(**cut(inp, 2, 0, 1))[0], model(**cut(inp, 2, 1, 2))[0]])
+        with place_batch(model, batch_plan(), "diffusion", sim_inventory):
+            out = model(**inp)[0]
+    assert out.dtype == shares.dtype == torch.bfloat16
+    assert torch.equal(out, shares)
