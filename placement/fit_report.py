@@ -251,7 +251,11 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
     for comp, info in infos.items():
         warnings += [f"{comp}: {w}" for w in getattr(info, "warnings", ())]
     for comp, o in sorted(chosen.items()):
-        if search.rules[comp].split_mode == "row" and o.kind == "split" and \
+        if search.rules[comp].row_fallback and o.kind == "split":
+            warnings.append(f"{comp}: split_mode row asked, but no block holds a matrix of "
+                            f"at least 256x256 to shard (the runtime would split by layer); "
+                            f"planned a layer split")
+        elif search.rules[comp].split_mode == "row" and o.kind == "split" and \
                 o.split_mode != "row":
             warnings.append(f"{comp}: split_mode row asked, but a row split over "
                             f"{'&'.join(o.runtime)} cannot hold it and a row split does not "
@@ -364,7 +368,7 @@ def explain_failure(search: Search, options, budgets, host, inventory=None) -> P
         return PlacementError(
             f"auto-fit: host RAM budget {fmt(search.host_budget)} cannot hold the weights that "
             f"must rest there in every phase (short by {fmt(host_only)}); {host_hint}, or "
-            f"leave params to auto-fit so they can rest on disk")
+            f"{_host_alternative(search)}")
     one = _one_gpu_shortfall(search)
     if one is not None:
         gpu, extra, phase = one
@@ -391,6 +395,17 @@ def explain_failure(search: Search, options, budgets, host, inventory=None) -> P
             f"must rest there (short by {fmt(host_need)}); {host_hint}, or leave params to "
             f"auto-fit so they can rest on disk")
     return PlacementError(f"auto-fit: no placement fits under offload_mode {mode}; {hint}")
+
+
+def _host_alternative(search: Search) -> str:
+    """What else frees host RAM: params asked on the cpu could rest on disk; otherwise
+    what holds RAM computes on the cpu (its weights must be in RAM), so GPU room helps."""
+    asked = [c for c in search.comps if search.rules[c].params == "cpu"]
+    if asked:
+        return (f"leave params of {', '.join(asked)} to auto-fit so they can rest on "
+                f"disk")
+    return ("give a GPU room to run what now computes on the cpu (a component computing "
+            "on the cpu holds its weights in host RAM)")
 
 
 def _roomiest(search: Search, c: str):

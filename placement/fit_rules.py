@@ -15,7 +15,7 @@ class Rules:
     """What the search may decide for one component (the user's choice and the preset)."""
     __slots__ = ("runtime", "params", "split_mode", "persist_res", "persist_split", "float_res",
                  "stream", "float_split", "split_stream", "cpu", "prefix_zero",
-                 "params_elsewhere", "gpus", "disk")
+                 "params_elsewhere", "gpus", "disk", "row_fallback")
 
     def __init__(self):
         for name in self.__slots__:
@@ -25,6 +25,7 @@ class Rules:
         self.split_mode = "layer"
         self.gpus = None          # GPU names the executor runs this component on; None: all
         self.disk = True          # params may move to disk when host RAM is short
+        self.row_fallback = False  # split_mode row asked, but no matrix is big enough
 
     @property
     def floating(self) -> bool:
@@ -42,7 +43,16 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
         only = list(gpus)
     else:
         only = None
-    r = _rules(choice, geo, preset, gpus)
+    if (choice.split_mode or "layer") == "row" and not row_shardable(geo):
+        # runtime/split/row.py shards only Linears of at least 256x256 and splits by layer
+        # otherwise: plan what will run
+        from types import SimpleNamespace
+        choice = SimpleNamespace(runtime=choice.runtime, params=choice.params,
+                                 split_mode="layer")
+        r = _rules(choice, geo, preset, gpus)
+        r.row_fallback = True
+    else:
+        r = _rules(choice, geo, preset, gpus)
     if caps is None:
         return r
     if only is not None:
@@ -65,6 +75,17 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
     if not (r.persist_res or r.persist_split or r.floating or r.params_elsewhere):
         r.cpu = r.runtime is None or r.runtime == ["cpu"]
     return r
+
+
+ROW_MIN_ELEMENTS = 256 * 256     # runtime/split/row.py MIN_ROWS x MIN_COLS
+
+
+def row_shardable(geo: Geometry) -> bool:
+    """Whether a row split can shard this component: some block holds at least one
+    256x256 matrix (a block smaller than that cannot)."""
+    from .fit_costs import bytes_per_param
+    per = bytes_per_param(geo.info.dtype, geo.info.quant)
+    return geo.n > 0 and geo.largest_block >= ROW_MIN_ELEMENTS * per
 
 
 def _rules(choice, geo: Geometry, preset: str, gpus: Sequence[str]) -> Rules:

@@ -325,12 +325,14 @@ class Search(Pricing):
 
     def _host(self, chosen: Dict[str, Option]) -> Optional[Dict[str, Option]]:
         """Host RAM first, disk only for what it cannot hold. While the host budget is
-        over, the placement whose move costs least per byte freed rests (more) on disk:
-        a streamed one only as many of its streamed blocks as the overrun needs (the
-        first streamed blocks stay in RAM, the rest are read from the file each forward),
-        any other whole. RAM left over then takes back streamed blocks."""
+        over, the move that costs least per byte of host RAM freed is made: weights to
+        disk (a streamed component only as many of its streamed blocks as the overrun
+        needs: the first streamed blocks stay in RAM, the rest are read from the file
+        each forward), or a turn-taking component to another placement that holds less
+        host RAM (a component computing on the cpu needs its weights in RAM; streamed
+        on a GPU it need not). Every move frees RAM, so this ends. RAM left over then
+        takes streamed blocks back."""
         chosen = dict(chosen)
-        tried = set()
         while True:
             peak = self._host_peak(chosen)
             over = peak - self.host_budget
@@ -338,25 +340,41 @@ class Search(Pricing):
                 break
             best = None
             for c, o in sorted(chosen.items()):
-                # splits read their weights from host memory (runtime/split: no disk yet)
-                if o.source != "cpu" or self.rules[c].params == "cpu" or c in tried \
-                        or o.kind == "split" or not self.rules[c].disk:
-                    continue
-                alt = self.rebuild(o, "disk")
-                if o.kind == "stream":
-                    keep = o.host_persist - over        # host bytes it may go on holding
-                    alt = self.with_host_blocks(alt, self.host_blocks_within(alt, keep))
-                freed = peak - self._host_peak({**chosen, c: alt})
-                if freed <= 0:
-                    continue
-                score = (alt.cost - o.cost) / freed
-                if best is None or score < best[0]:
-                    best = (score, c, alt)
+                for alt in self._host_moves(chosen, c, o, over):
+                    freed = peak - self._host_peak({**chosen, c: alt})
+                    if freed <= 0:
+                        continue
+                    score = (alt.cost - o.cost) / freed
+                    if best is None or score < best[0]:
+                        best = (score, c, alt)
             if best is None:
                 return None
-            tried.add(best[1])
             chosen[best[1]] = best[2]
         return self._fill_host(chosen)
+
+    def _host_moves(self, chosen: Dict[str, Option], c: str, o: Option, over: int):
+        """Placements of `c` to try when host RAM is `over` budget: `o` or, when it takes
+        turns, another placement that fits its phase's room, each with its weights moved
+        to disk where that is allowed."""
+        rule = self.rules[c]
+        alts = [o]
+        if not o.persistent and (rule.floating or rule.params_elsewhere):
+            use = self.usage(chosen)
+            rooms = tuple(self.budget[d] - use[o.phase][d] + o.use.get(d, 0)
+                          for d in range(self.G))
+            alts += [a for a in self.floating_options(c, rooms) if a is not o]
+        for a in alts:
+            if a is not o:
+                yield a
+            # splits read their weights from host memory (runtime/split: no disk yet)
+            if a.source != "cpu" or rule.params == "cpu" or a.kind == "split" \
+                    or not rule.disk:
+                continue
+            moved = self.rebuild(a, "disk")
+            if a.kind == "stream":
+                keep = a.host_persist - over        # host bytes it may go on holding
+                moved = self.with_host_blocks(moved, self.host_blocks_within(moved, keep))
+            yield moved
 
     def _fill_host(self, chosen: Dict[str, Option]) -> Dict[str, Option]:
         """Give host RAM left over to streamed blocks auto-fit sent to disk, the most

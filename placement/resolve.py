@@ -319,6 +319,17 @@ def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,
                 continue
             per_phase.setdefault(d, {}).setdefault(PHASES[cp.component], 0)
             per_phase[d][PHASES[cp.component]] += b
+    # host RAM: weights resting on the cpu stay there for the session; a component the
+    # cpu computes from disk holds its weights there while its phase runs
+    host = sum(cp.total_bytes for cp in comps.values() if cp.present and cp.params == "cpu")
+    read = {}
+    for cp in comps.values():
+        if cp.present and cp.params == "disk" and cp.main_device == "cpu":
+            phase = PHASES[cp.component]
+            read[phase] = read.get(phase, 0) + cp.total_bytes
+    for dev in devices:
+        if dev.kind == "cpu" and (host or read):
+            per_phase[dev.name] = {p: host + b for p, b in read.items()} or {"session": host}
     for name, phases in per_phase.items():
         dev = by_name[name]
         dev.planned_bytes = max(phases.values())

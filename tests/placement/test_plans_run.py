@@ -85,16 +85,22 @@ def _spec(backend, param, split, stream, auto, mode):
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(arch=st.sampled_from(["flux", "sd3"]), backend=backends, param=params, split=splits,
-       stream=st.booleans(), auto=st.booleans(), mode=offload, f0=fractions, f1=fractions)
+       stream=st.booleans(), auto=st.booleans(), mode=offload, f0=fractions, f1=fractions,
+       host=st.sampled_from([None, 0.5, 1.5]))
 def test_plan_returns_then_place_runs(models, arch, backend, param, split, stream, auto, mode,
-                                      f0, f1):
+                                      f0, f1, host):
     module, inp, ref, path, size = models[arch]
-    # headroom: a tiny model's working memory is small, but not nothing
+    # host RAM: plenty, or too little for the weights, so that auto-fit rests some or all
+    # of them on disk (stream.host_blocks)
+    cpu = "64GiB" if host is None else f"{int(size * host / KiB) + 1}KiB"
     inv = Inventory.simulated(f"cuda0={int(size * f0 / KiB) + 256}KiB,"
-                              f"cuda1={int(size * f1 / KiB) + 256}KiB,cpu=64GiB")
+                              f"cuda1={int(size * f1 / KiB) + 256}KiB,cpu={cpu}")
     try:
         spec = _spec(backend, param, split, stream, auto, mode)
-        fit_options = {"headroom": {"diffusion": 128 * KiB}} if auto else {}
+        # a tiny model's working memory is small, but not nothing; no margins (they are
+        # sized for real GPUs and would leave these tiny ones no budget)
+        fit_options = {"headroom": {"diffusion": 128 * KiB}, "budget_margin": 0,
+                       "host_margin": 0} if auto else {}
         p = plan(spec, inv, {"diffusion": module}, resolution=(64, 64), **fit_options)
     except PlacementError as exc:
         assert "\n" not in str(exc) and str(exc)
