@@ -71,6 +71,9 @@ class Placed:
         self.host_store = host_store        # hoststore.HostStore: packed copies kept
         self.repoint = repoint              # shadow.Shadow.repoint (with host_store)
         self.host_pack_bytes = 0
+        self.host_bytes = 0                 # params=disk: streamed blocks read into RAM once
+        self.disk_bytes = 0                 # params=disk: streamed bytes read per forward
+        self.disk_read_bytes = 0            # bytes read from the file for streamed blocks
         self.target = None
         self.streamer: Optional[Streamer] = None
         self.file = None
@@ -185,6 +188,10 @@ class Placed:
             + self.in_place_bytes,
             "streamed_bytes_per_forward": sum(g.nbytes for g in self.streamed_groups),
         }
+        if self.file is not None and self.streamed_groups:
+            self._info.update(host_blocks=len(self.streamed_groups) - sum(
+                r is not None for r in self.streamer.reads), host_stream_bytes=self.host_bytes,
+                disk_bytes_per_forward=self.disk_bytes)
 
     def _tensors(self) -> Dict[int, list]:
         by_id = module_tensors(self.module)
@@ -231,12 +238,21 @@ class Placed:
     def _sources(self) -> List[Source]:
         """Where each streamed block is read from: file ranges, or a packed host buffer
         (the module's own copy is let go group by group, so RAM holds the weights once).
-        With a host store the buffers are kept for the next placement (hoststore.py)."""
+        With a host store the buffers are kept for the next placement (hoststore.py).
+        params=disk with stream.host_blocks = h: the first h streamed blocks are read from
+        the file once into packed host buffers (pinned for CUDA) and stream from RAM;
+        the rest are read from the file each forward (mixed residency, RAM before disk)."""
         sources, keys = [], []
+        host_left = self.cplan.stream.host_blocks if self.cplan.stream is not None else 0
         for g in self.streamed_groups:
             if self.file is not None:
                 layout = DiskLayout(g, self.file, self.key_map, True)
-                sources.append(Source(read=partial_read(self.file, layout.runs)))
+                if host_left > 0:
+                    host_left -= 1
+                    sources.append(Source(host=self._read_once(g, layout)))
+                    continue
+                self.disk_bytes += g.nbytes
+                sources.append(Source(read=self._counted_read(layout.runs)))
                 continue
             host, packed = packed_host(g, [self.rest[id(t)] for t in g.tensors], self.pool,
                                        self.host_store, self.repoint)
@@ -251,6 +267,23 @@ class Placed:
         if self.host_store is not None:
             self.host_store.retain(keys)
         return sources
+
+    def _read_once(self, g: Group, layout) -> torch.Tensor:
+        """A streamed block read from the file into a packed host buffer, once."""
+        host = self.pool.alloc(g.nbytes)
+        self.file.read_runs(layout.runs, host)
+        self.host_bytes += g.nbytes
+        self.disk_read_bytes += g.nbytes
+        return host
+
+    def _counted_read(self, runs):
+        nbytes = sum(n for _, _, n in runs)
+        read = partial_read(self.file, runs)
+
+        def counted(buf: torch.Tensor) -> None:
+            read(buf)
+            self.disk_read_bytes += nbytes      # one reader thread: no race
+        return counted
 
     # -- device memory -------------------------------------------------------------------
     def _load(self) -> None:
@@ -447,6 +480,8 @@ class Placed:
         if pool is not None and pool.warning:
             out["pinned_warning"] = pool.warning
         out["host_pack_bytes"] = self.host_pack_bytes
+        if self.file is not None and getattr(self, "streamed_groups", None):
+            out["disk_read_bytes"] = self.disk_read_bytes
         if self.streamer is not None:
             out["prefetched_ahead_bytes"] = self.streamer.ahead_bytes
         return out

@@ -89,7 +89,9 @@ class LayerSplit(SplitBase):
         self.pool = PinnedPool(any(t.is_cuda for t in self.targets),
                                self.max_pinned_bytes if self.max_pinned_bytes is not None
                                else default_pinned_cap())
-        kept_keys = []
+        kept_keys, pending = [], []
+        self.host_stream_bytes = self.disk_bytes = self.host_blocks = 0
+        self.disk_read_bytes = 0          # bytes read from the file for streamed blocks
         planned_k = self.fit_info.get("stream_per_device") or {}
         for d, t in enumerate(self.targets):
             idx = [i for i, o in enumerate(self.owner) if o == d]
@@ -120,11 +122,27 @@ class LayerSplit(SplitBase):
                 raise PlacementError(f"{self.component}: streaming part of {t.name}'s range "
                                      f"needs params=cpu or disk, the plan has params="
                                      f"{self.cplan.params}")
+            pending.append((t, streamed))
+
+        # params=disk, stream.host_blocks = h: the first h streamed blocks in execution
+        # order are read from the file once into host RAM, the rest every forward
+        h = stream.host_blocks if stream is not None and self.file is not None else 0
+        in_ram = set(sorted(i for _, streamed in pending for i in streamed)[:h])
+        for t, streamed in pending:
             sources = []
             for i in streamed:
                 if self.file is not None:
                     layout = DiskLayout(groups[i], self.file, self.key_map, True)
-                    sources.append(Source(read=reader(self.file, layout.runs)))
+                    if i in in_ram:
+                        host = self.pool.alloc(groups[i].nbytes)
+                        self.file.read_runs(layout.runs, host)
+                        self.host_stream_bytes += groups[i].nbytes
+                        self.disk_read_bytes += groups[i].nbytes
+                        sources.append(Source(host=host))
+                    else:
+                        self.disk_bytes += groups[i].nbytes
+                        sources.append(Source(read=self._counted(reader(self.file, layout.runs),
+                                                                 groups[i].nbytes)))
                     continue
                 host, packed = packed_host(groups[i],
                                            [self._resting(x) for x in groups[i].tensors],
@@ -136,6 +154,7 @@ class LayerSplit(SplitBase):
                                            [self.block_modules[i] for i in streamed],
                                            sources, depth, staging=self.pool.alloc))
             self.streamed_blocks[t.name] = len(streamed)
+        self.host_blocks = len(in_ram)
 
         if self.host_store is not None:
             self.host_store.retain(kept_keys)     # groups this placement does not stream
@@ -144,6 +163,12 @@ class LayerSplit(SplitBase):
                       for i in range(len(self.owner))]
         self.exit_needed = self.owner[-1] != 0
         self.boundaries = sum(self.entry) + int(self.exit_needed)
+
+    def _counted(self, read, nbytes: int):
+        def counted(buf) -> None:
+            read(buf)
+            self.disk_read_bytes += nbytes      # one reader thread per device
+        return counted
 
     def _planned_prefix(self, planned, sizes, room, depth, stream):
         """auto-fit's resident prefix for this device's range ([resident, of blocks]),
@@ -272,4 +297,8 @@ class LayerSplit(SplitBase):
     def _more_stats(self) -> dict:
         return {"ranges": dict(getattr(self, "ranges", {})),
                 "boundaries": getattr(self, "boundaries", 0),
-                "streamed_blocks": dict(getattr(self, "streamed_blocks", {}))}
+                "streamed_blocks": dict(getattr(self, "streamed_blocks", {})),
+                "host_blocks": getattr(self, "host_blocks", 0),
+                "host_stream_bytes": getattr(self, "host_stream_bytes", 0),
+                "disk_bytes_per_forward": getattr(self, "disk_bytes", 0),
+                "disk_read_bytes": getattr(self, "disk_read_bytes", 0)}
