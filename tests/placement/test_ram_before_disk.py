@@ -100,3 +100,34 @@ def test_disk_asked_stays_on_disk(files):
     p = plan_flux(files, "cuda0=12GiB,cpu=64GiB", params_backend="diffusion=disk")
     d = p.components["diffusion"]
     assert d.params == "disk" and d.stream is not None and d.stream.host_blocks == 0
+
+
+def test_tight_ram_tiny_flux_plan_runs_with_blocks_in_ram(tmp_path):
+    # a real (tiny, random) Flux: with host RAM for half its weights, the cheapest
+    # placement alone (compute on the cpu, weights in RAM) does not fit; auto-fit streams
+    # it on the GPU from disk with the first streamed blocks in RAM, and place() runs it
+    import torch
+    from safetensors.torch import save_file
+    from comfyui_placement.placement import PlacementSpec, plan
+    from comfyui_placement.runtime import place
+    from test_plans_run import _flux
+    torch.manual_seed(0)
+    module, inp = _flux()
+    module.eval()
+    with torch.no_grad():
+        ref = module(**inp)[0]
+    path = tmp_path / "flux.safetensors"
+    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(path))
+    size = sum(p.numel() * p.element_size() for p in module.parameters())
+    inv = Inventory.simulated(f"cuda0={int(size * 0.9) // 1024 + 160}KiB,"
+                              f"cpu={int(size * 0.3) // 1024}KiB")
+    p = plan(PlacementSpec(auto_fit=True), inv, {"diffusion": module}, resolution=(64, 64),
+             headroom={"diffusion": 128 << 10}, budget_margin=0, host_margin=0)
+    d = p.components["diffusion"]
+    assert d.params == "disk" and d.stream is not None and d.stream.host_blocks > 0
+    host = _host_row(p)
+    assert 0 < host["planned_bytes"] <= host["budget_bytes"]
+    with place(module, p, "diffusion", inv, weights_file=str(path)):
+        with torch.no_grad():
+            out = module(**inp)[0]
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
