@@ -25,12 +25,29 @@ def streamed_forward(compute: float, transfer: float, depth: int, streamed_block
 
 
 class Option:
-    """One evaluated placement of one component (immutable once built)."""
-    __slots__ = ("comp", "kind", "runtime", "params", "source", "split_mode", "resident_blocks",
-                 "depth", "ranges", "persist", "use", "host_persist", "host_use",
-                 "resident_bytes", "streamed_bytes", "loaded_bytes", "hops", "compute_s",
-                 "host_blocks", "tile", "transfer_s", "forward_s", "load_s", "cost", "runs", "phase", "layout",
-                 "per_device")
+    """One evaluated placement of one component (immutable once built). Its fields, by
+    the question they answer:
+
+    what and when  comp, kind (resident | stream | split | cpu), phase, runs (forwards
+                   per generation)
+    where          runtime (devices computing), params/source (where weights rest: a
+                   GPU, cpu or disk), split_mode, ranges (layer split: block ranges),
+                   layout (split: device set and shares, or how many GPUs stream),
+                   per_device (split that streams: {device: (resident, of blocks)}),
+                   resident_blocks, depth, host_blocks (disk: streamed blocks in RAM),
+                   tile (a VAE decoded in tiles)
+    memory         persist {gpu: bytes for the session}, use {gpu: bytes while its phase
+                   runs}, host_persist / host_use (host RAM, same two meanings),
+                   resident_bytes, streamed_bytes, loaded_bytes
+    time           compute_s, transfer_s, forward_s (one forward), load_s (once per
+                   generation), hops, cost = runs x forward_s + load_s
+    """
+    __slots__ = ("comp", "kind", "phase", "runs",
+                 "runtime", "params", "source", "split_mode", "ranges", "layout",
+                 "per_device", "resident_blocks", "depth", "host_blocks", "tile",
+                 "persist", "use", "host_persist", "host_use", "resident_bytes",
+                 "streamed_bytes", "loaded_bytes",
+                 "compute_s", "transfer_s", "forward_s", "load_s", "hops", "cost")
 
     def __init__(self, comp, kind, runtime, runs, phase):
         self.comp, self.kind, self.runtime, self.runs, self.phase = comp, kind, runtime, runs, phase
