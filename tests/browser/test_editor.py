@@ -99,12 +99,15 @@ def test_the_cache_holds_and_nothing_shown_is_serialized(page, server):
         const st = window.comfyPlacement.state(n);
         return {plan: st.plan, bars: window.comfyPlacement.phaseBars(st.plan)}; }""")
     assert drawn["plan"]["components"]["diffusion"]["runtime"] == ["cuda0"]
-    # a bar where a component computes on a device the plan budgets (the VAE on the
-    # host is listed, not drawn: the plan does not budget host memory); each device's
-    # largest bar is the table's planned bytes
-    assert {(b["device"]["name"], b["phase"]) for b in drawn["bars"]} == {("cuda0", "sample")}
+    # a bar where a component computes on a device the plan counts (planned bytes); each
+    # device's largest bar is the table's planned bytes for it
+    assert {(b["device"]["name"], b["phase"]) for b in drawn["bars"]} >= {("cuda0", "sample")}
+    largest = {}
     for b in drawn["bars"]:
-        assert b["resident"] + b["ring"] + b["work"] == b["device"]["planned_bytes"]
+        name = b["device"]["name"]
+        largest[name] = max(largest.get(name, 0), b["resident"] + b["ring"] + b["work"])
+    planned = {d["name"]: d["planned_bytes"] for d in drawn["plan"]["devices"]}
+    assert largest == {n: p for n, p in planned.items() if p}, (largest, planned)
     # nothing the pack displays goes back: not in the API prompt, not in the workflow
     sent = graph_prompt(page)
     text = json.dumps(sent)
