@@ -24,7 +24,8 @@ Piece = Tuple[int, memoryview]          # file offset, destination
 
 def pread_full(fd: int, mv: memoryview, offset: int, path: str) -> None:
     """Read len(mv) bytes at `offset` into `mv`; a file that ends before is truncated."""
-    done, n = 0, len(mv)
+    n = len(mv)
+    done = os.preadv(fd, [mv], offset)      # almost always all of it
     while done < n:
         got = os.preadv(fd, [mv[done:]], offset + done)
         if got <= 0:
@@ -55,8 +56,13 @@ class _Job:
         self.done = threading.Event()
 
     def work(self, fd: int, path: str) -> None:
-        while True:
+        finished = False                    # one lock round per piece: count the last
+        while True:                         # one done and claim the next together
             with self.lock:
+                if finished:
+                    self.left -= 1
+                    if self.left == 0:
+                        self.done.set()
                 i = self.next
                 if i >= len(self.pieces):
                     return
@@ -70,10 +76,7 @@ class _Job:
                     with self.lock:
                         if self.error is None:
                             self.error = e
-            with self.lock:
-                self.left -= 1
-                if self.left == 0:
-                    self.done.set()
+            finished = True
 
     def cancel(self, why: BaseException) -> None:
         with self.lock:
