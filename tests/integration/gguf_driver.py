@@ -31,6 +31,45 @@ SPLIT_INVENTORY = "cuda0=1500KiB,cuda1=1500KiB"
 WIDE_INVENTORY = "cuda0=1600KiB,cuda1=1600KiB"
 
 
+# llama.cpp's T5 names, as ComfyUI-GGUF's T5_SD_MAP reads them back (applied in order)
+T5_NAMES = (("enc.", "encoder."), (".blk.", ".block."), ("token_embd", "shared"),
+            ("output_norm", "final_layer_norm"), ("attn_q", "layer.0.SelfAttention.q"),
+            ("attn_k", "layer.0.SelfAttention.k"), ("attn_v", "layer.0.SelfAttention.v"),
+            ("attn_o", "layer.0.SelfAttention.o"), ("attn_norm", "layer.0.layer_norm"),
+            ("attn_rel_b", "layer.0.SelfAttention.relative_attention_bias"),
+            ("ffn_up", "layer.1.DenseReluDense.wi_1"), ("ffn_down", "layer.1.DenseReluDense.wo"),
+            ("ffn_gate", "layer.1.DenseReluDense.wi_0"), ("ffn_norm", "layer.1.layer_norm"))
+TE_STREAM_INVENTORY = "cuda0=6MiB"    # CLIP-L + Q8_0 T5: 4.1 MiB non-block + 0.9 in blocks
+TE_SPLIT_INVENTORY = "cuda0=6MiB,cuda1=1MiB"
+
+
+def t5_gguf_name(key):
+    for short, long in reversed(T5_NAMES):
+        key = key.replace(long, short)
+    return key
+
+
+def build_t5_gguf(work):
+    """comfy_driver's tiny T5 as a llama.cpp-named 't5encoder' GGUF, 2-D weights Q8_0."""
+    from comfyui_placement.runtime.gguf.write import write_gguf
+    d = os.path.join(work, "models", "text_encoders")
+    sd = safetensors.torch.load_file(os.path.join(d, "tiny_t5.safetensors"))
+    renamed = {t5_gguf_name(k): v.float() for k, v in sd.items()}
+    for short, k in zip(renamed, sd):                   # the loader's map gives the keys back
+        back = short
+        for a, b in T5_NAMES:
+            back = back.replace(a, b)
+        assert back == k, (short, back, k)
+    path = os.path.join(d, "tiny_t5_q8_0.gguf")
+    written = write_gguf(path, renamed, "Q8_0", arch="t5encoder")
+    from comfyui_placement.runtime.gguf import GGUFTensors
+    with GGUFTensors(path) as table:
+        blocks = sum(t.nbytes for t in table if ".blk." in t.name)
+    return {"quantized": sum(1 for k in written.values() if k == "Q8_0"),
+            "tensors": len(written), "block_bytes": blocks,
+            "float16_block_bytes": sum(v.numel() * 2 for k, v in sd.items() if ".block." in k)}
+
+
 def build_gguf_files(work):
     """The driver's tiny Flux models as GGUF, named and laid out as ComfyUI-GGUF expects."""
     from comfyui_placement.runtime.gguf.write import write_gguf
@@ -155,17 +194,52 @@ async def scenarios(executor, q8, wide):
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
 
 
+def te_pipeline(**kw):
+    """comfy_driver's pipeline with Flux's text encoders from DualCLIPLoader (GGUF): the
+    tiny CLIP-L (safetensors) and the tiny T5 (Q8_0 GGUF)."""
+    prompt = cd.pipeline(text=("tiny_clip_l.safetensors", "tiny_t5_q8_0.gguf"), **kw)
+    prompt["40"] = {"class_type": "DualCLIPLoaderGGUF", "inputs": {
+        "clip_name1": "tiny_clip_l.safetensors", "clip_name2": "tiny_t5_q8_0.gguf",
+        "type": "flux"}}
+    return prompt
+
+
+async def te_scenarios(executor):
+    await run(executor, "te_reference", te_pipeline(placed=False, tag="te_reference"))
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = TE_STREAM_INVENTORY
+    try:
+        tag = "te_stream"
+        rec = await run(executor, tag, te_pipeline(
+            backend="diffusion=cpu,vae=cpu,te=cuda0", stream_layers=True, tag=tag,
+            keep_placed=True), "te_reference")
+        rec["calls"] = cd.clip_calls(tag + "_clip")
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = TE_SPLIT_INVENTORY
+    try:
+        tag = "te_split"
+        rec = await run(executor, tag, te_pipeline(
+            backend="diffusion=cpu,vae=cpu,te=cuda0&cuda1", tag=tag, keep_placed=True),
+            "te_reference")
+        rec["calls"] = cd.clip_calls(tag + "_clip")
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+
+
 async def main():
     work = cd.ARGS.work
     cd.build_models(work)
     RESULTS["files"] = build_gguf_files(work)
+    RESULTS["t5_file"] = build_t5_gguf(work)
     await start(cd.ARGS.pack, work)
     if not RESULTS["registered"]["UnetLoaderGGUF"]:
         return                                  # the pytest side says what is missing
     executor = execution.PromptExecutor(server.PromptServer.instance,
                                         cache_type=execution.CacheType.CLASSIC,
                                         cache_args={"ram": 16.0, "ram_inactive": 16.0})
-    await scenarios(executor, "tiny_flux_q8_0.gguf", "tiny_flux_wide_q4_k.gguf")
+    if os.environ.get("PLACEMENT_GGUF_ONLY") != "te":     # quicker while developing
+        await scenarios(executor, "tiny_flux_q8_0.gguf", "tiny_flux_wide_q4_k.gguf")
+    await te_scenarios(executor)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """GGUF models loaded by ComfyUI-GGUF's "Unet Loader (GGUF)" through Apply Placement
 (issue 12 item 3): streamed from host memory and from the .gguf file, layer split, row
-split, with LoRA; each image against ComfyUI-GGUF's own run without placement. The
-driver (gguf_driver.py) writes tiny Flux GGUF files (Q8_0, Q4_K) with the pack's writer.
+split, with LoRA; Flux's text encoders from DualCLIPLoader (GGUF) (a Q8_0 T5) streamed
+and layer split; each image against ComfyUI-GGUF's own run without placement. The driver
+(gguf_driver.py) writes tiny Flux and T5 GGUF files with the pack's writer.
 
 Needs ComfyUI-GGUF in COMFYUI_PATH/custom_nodes (WITH_GGUF=1 comfyui-harness): skipped
 without it locally, a failure under COMFYUI_PLACEMENT_REQUIRE_COMFYUI=1 (CI)."""
@@ -88,3 +89,20 @@ def test_row_split_of_q4_k_weights(results):
 
 def test_loader_model_untouched(results):
     assert results["loader_weights_unchanged"] is True
+
+
+@pytest.mark.parametrize("tag", ["te_stream", "te_split"])
+def test_dual_clip_loader_gguf_text_encoders_placed(results, tag):
+    t5 = results["t5_file"]
+    assert t5["quantized"] >= 8 and t5["block_bytes"] < t5["float16_block_bytes"] * 0.6
+    rec = ran(results[tag])
+    assert rec["image"]["equal"], rec["image"]
+    calls = rec["calls"]
+    assert calls and all(c["outcome"] == "ok" for c in calls)
+    if tag == "te_stream":
+        # the T5's blocks stream as their file bytes (Q8_0 weights; ComfyUI's T5 keeps a
+        # few hundred bytes of the file's block tensors outside its blocks: 640 B here)
+        assert all(c["mode"] == "stream" and
+                   0 <= t5["block_bytes"] - c["streamed_bytes"] <= 1024 for c in calls)
+    else:
+        assert all(c["split_mode"] == "layer" and c["hops"] > 0 for c in calls)
