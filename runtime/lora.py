@@ -57,6 +57,9 @@ def resolve(named: Dict[str, Sequence[Patch]], by_name: Dict[str, torch.Tensor],
             raise PlacementError(f"LoRA names {name!r}, which is not a weight of the module; "
                                  f"use the module's parameter names, e.g. "
                                  f"'transformer_blocks.0.attn.to_q.weight'")
+        if not t.is_floating_point():
+            raise PlacementError(f"LoRA names {name!r}, whose weight is {t.dtype} (quantized "
+                                 f"GGUF bytes); runtime LoRA patches float weights only")
         moved = [(d.to(device), u.to(device), a, s) for d, u, a, s in patches]
         out[id(t)] = (t, moved)
     return out

@@ -169,3 +169,16 @@ def test_refusals_name_what_is_wrong(tmp_path):
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
     with pytest.raises(PlacementError, match="is Q8_1, which the pack cannot dequantize"):
         load_gguf(tmp_path / "q81.gguf", torch.nn.Sequential(torch.nn.Linear(32, 2)))
+
+
+def test_runtime_lora_on_quantized_weights_is_refused(quantized):
+    qtype, skeleton, inp, path, _ = quantized
+    model = load_gguf(path, skeleton)
+    name = "single_transformer_blocks.0.proj_mlp.weight"
+    lin = model.get_submodule(name.rsplit(".", 1)[0])
+    assert isinstance(lin, GGUFLinear)
+    patch = {name: [(torch.zeros(4, lin.in_features), torch.zeros(lin.out_features, 4),
+                     4.0, 1.0)]}
+    with place(model, plan(stream=(0, 1)), "diffusion", Inventory.simulated(INVENTORY)) as p:
+        with pytest.raises(PlacementError, match="quantized GGUF bytes"):
+            p.set_lora(patch)
