@@ -21,7 +21,7 @@ from ...placement.layout import group_blocks, resident_prefix, ring_bytes
 from ...placement.ranges import proportional_ranges
 from ...placement.units import format_bytes
 from ..blocks import block_tensor_ids, find_blocks
-from ..residency import PinnedPool, default_pinned_cap
+from ..residency import PinnedPool, default_pinned_cap, give_back_freed_host_memory
 from ..weightfile import DiskLayout, open_weight_file
 from ..hoststore import group_key, packed_host
 from ..stream import Source, Streamer
@@ -149,6 +149,12 @@ class LayerSplit(SplitBase):
                                            self.pool, self.host_store, self.repoint)
                 kept_keys.append(group_key(groups[i]))
                 self.host_pack_bytes += packed
+                # one host copy: the group's tensors rest in the packed buffer from now on
+                # (what place.py does), so the module's former storage is let go
+                for x, v in zip(groups[i].tensors, groups[i].views(host)):
+                    self.originals[id(x)] = (x, v)
+                if packed and self.host_store is None:
+                    give_back_freed_host_memory()
                 sources.append(Source(host=host))
             self.streamers.append(Streamer(t, [groups[i] for i in streamed],
                                            [self.block_modules[i] for i in streamed],

@@ -1,0 +1,87 @@
+"""One host copy (issue 11 item 6): streaming from host memory, on one device or in a
+layer split, holds the weights once in RAM (the packed buffers are the module's storage
+while placed and after), and a reload after release() brings each streamed block back
+from its packed copy in one copy."""
+import torch
+
+from comfyui_placement.placement.devices import Inventory
+from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
+from comfyui_placement.runtime.blocks import find_blocks
+from comfyui_placement.runtime.place import place
+
+
+def model_bytes(model):
+    return sum(t.numel() * t.element_size()
+               for t in list(model.parameters()) + list(model.buffers()))
+
+
+def storages(tensors):
+    """Distinct host storages behind `tensors`: {address: bytes}."""
+    out = {}
+    for t in tensors:
+        if t is not None and t.device.type == "cpu":
+            st = t.untyped_storage()
+            out[st.data_ptr()] = st.nbytes()
+    return out
+
+
+def split_plan(blocks, budgets):
+    """Every block streamed (the planner's per-device prefix K=0 on each range)."""
+    devices = [DevicePlan(n, "gpu", 256 << 20, 256 << 20, b) for n, b in budgets.items()]
+    plan = Plan(devices, {"diffusion": ComponentPlan(
+        "diffusion", list(budgets), "cpu", split_mode="layer", stream=StreamPlan(0, 1),
+        blocks=blocks)})
+    per = {n: [0, b - a + 1] for n, (a, b) in blocks.items()}
+    plan.extra = {"fit": {"components": {"diffusion": {"stream_per_device": per}}}}
+    return plan
+
+
+def test_single_device_stream_holds_one_copy(tiny, run_model, plan_for, sim_inventory):
+    model, inp = tiny("flux")
+    ref = run_model(model, inp)
+    total = model_bytes(model)
+    with place(model, plan_for("cpu", stream=(0, 1)), "diffusion", sim_inventory) as placed:
+        held = storages(list(placed.rest.values()) +
+                        [s.host for s in placed.streamer.sources])
+        assert sum(held.values()) == total
+        assert torch.equal(run_model(model, inp), ref)
+    assert sum(storages(list(model.parameters()) + list(model.buffers())).values()) == total
+
+
+def test_layer_split_stream_holds_one_copy(tiny, run_model, sim_inventory):
+    model, inp = tiny("flux")
+    ref = run_model(model, inp)
+    total = model_bytes(model)
+    plan = split_plan({"cuda0": [0, 1], "cuda1": [2, 4]}, {"cuda0": None, "cuda1": None})
+    with place(model, plan, "diffusion", sim_inventory) as placed:
+        assert sum(placed.stats()["streamed_blocks"].values()) == 5
+        held = storages([d for _, d in placed.originals.values()] +
+                        [s.host for st in placed.streamers for s in st.sources])
+        assert sum(held.values()) == total          # not total + the streamed bytes
+        assert torch.equal(run_model(model, inp), ref)
+    assert sum(storages(list(model.parameters()) + list(model.buffers())).values()) == total
+    assert torch.equal(run_model(model, inp), ref)
+
+
+def test_reload_after_release_is_one_copy_per_streamed_block(tiny, run_model, plan_for,
+                                                            sim_inventory):
+    model, inp = tiny("flux")
+    ref = run_model(model, inp)
+    n = len(find_blocks(model))
+    with place(model, plan_for("cpu", stream=(0, 1)), "diffusion", sim_inventory) as placed:
+        run_model(model, inp)
+        placed.streamer.drain()
+        placed.release()
+        dev = placed.stats()["devices"]["cuda0"]
+        copies, moved = dev["h2d_copies"], dev["h2d_bytes"]
+        assert dev["slot_bytes"] == 0 and dev["resident_bytes"] == 0
+        assert torch.equal(run_model(model, inp), ref)
+        placed.streamer.drain()
+        dev = placed.stats()["devices"]["cuda0"]
+        ahead = placed.streamer.issued - placed.streamer.q      # next forward's, primed
+        # the non-block group in one copy, each streamed block in one copy from its
+        # packed host buffer
+        assert dev["h2d_copies"] - copies == 1 + n + ahead
+        assert dev["h2d_bytes"] - moved == model_bytes(model) + placed.streamer.ahead_bytes
+        hosts = {s.host.data_ptr() for s in placed.streamer.sources}
+        assert len(hosts) == n
