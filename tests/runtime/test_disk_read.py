@@ -102,27 +102,30 @@ def test_chunk_boundaries(weights, n):
 
 
 def test_several_reads_are_in_flight(weights, monkeypatch):
-    """The pieces of one call overlap in time (the slow pread makes overlap visible)."""
-    path, _ = weights
-    inflight, peak, lock = [0], [0], threading.Lock()
+    """The first four pieces of one call are read at the same time: each waits at a
+    barrier that only four readers in flight at once can pass (a serial reader would
+    break it after the timeout and the read would fail)."""
+    path, data = weights
+    barrier = threading.Barrier(4, timeout=10)
+    calls, lock = [0], threading.Lock()
     real = readpool.pread_full
 
-    def slow(fd, mv, off, p):
+    def meet(fd, mv, off, p):
         with lock:
-            inflight[0] += 1
-            peak[0] = max(peak[0], inflight[0])
-        time.sleep(0.02)
+            calls[0] += 1
+            first = calls[0] <= 4
+        if first:
+            barrier.wait()
         real(fd, mv, off, p)
-        with lock:
-            inflight[0] -= 1
 
-    monkeypatch.setattr(readpool, "pread_full", slow)
+    monkeypatch.setattr(readpool, "pread_full", meet)
     wf = open_weight_file(path, readers=3, chunk=4096)
     try:
-        wf.read_runs([(0, 0, 20 * 4096)], torch.zeros(20 * 4096, dtype=torch.uint8))
+        buf = torch.zeros(20 * 4096, dtype=torch.uint8)
+        wf.read_runs([(0, 0, 20 * 4096)], buf)
     finally:
         wf.close()
-    assert peak[0] == 4                 # 3 reader threads + the calling thread
+    assert bytes(buf.numpy()) == data[:20 * 4096]
 
 
 def test_a_short_file_raises_one_error_and_the_file_stays_usable(weights, tmp_path):
