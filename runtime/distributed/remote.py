@@ -17,7 +17,7 @@ from torch import nn
 from ...placement.errors import PlacementError
 from ..blocks import find_blocks
 from . import builder as builders, rangefile
-from .chain import learn_link
+from .chain import RangeCalls
 from .session import RemoteDevice
 from .wire import flatten
 
@@ -57,7 +57,7 @@ class RemoteRange:
         self.range = found[first:last + 1]
         self.key_map = key_map or (lambda name: name)
         self.builder_desc = builders.describe_module(module, builder)
-        self.release, self.use_chain = release, chain
+        self.release = release
         self.timeout_s = float(timeout_s or worker.timeout_s)
         self._range_id = None
         self._forwards: List[object] = []
@@ -65,8 +65,10 @@ class RemoteRange:
         self._keys: Dict[str, str] = {}
         self._counts = {"hops": 0, "round_trips": 0, "to": 0, "back": 0, "forwards": 0}
         self._local = None
-        self._learned: Optional[dict] = None     # chain and per-call output shapes
-        self._pending: Optional[dict] = None     # the forward in progress (chain mode)
+        self._calls = RangeCalls([n for n, _ in self.range], chain, self._remote)
+        after = found[last + 1][1] if last + 1 < len(found) else None
+        self._checkpoints = [m for m in (after, module) if m is not None]
+        self._hooks: List = []
 
     # -- entry: prove the same weights, load there, take over the forwards -------------
     def __enter__(self) -> "RemoteRange":
@@ -88,6 +90,11 @@ class RemoteRange:
             for k, (_, block) in enumerate(self.range):
                 self._forwards.append(block.__dict__.get("forward", _MISSING))
                 block.forward = functools.partial(self._call, k)
+            # where the range's last placeholders must be gone (see chain.py)
+            self._hooks = [self._checkpoints[0].register_forward_pre_hook(
+                               lambda *_: self._calls.checkpoint()),
+                           self.module.register_forward_hook(
+                               lambda *_: self._calls.checkpoint())]
             if self.release:
                 self._release_local()
         except BaseException:
@@ -160,77 +167,9 @@ class RemoteRange:
         out_device = _first_device(tensors)
         if self._local is None:
             self._local = str(out_device).replace("cuda:", "cuda")
-        n = len(self.range)
         if k == 0:
             self._counts["forwards"] += 1
-            self._pending = None
-            learned = self._learned
-            if self.use_chain and n > 1 and learned is not None and learned["chain"] and \
-                    learned["skeletons"][0] == skeleton and \
-                    learned["inputs"] == [(t.dtype, tuple(t.shape)) for t in tensors]:
-                self._pending = {"first": (args, kwargs), "first_tensors": tensors,
-                                 "versions": [t._version for t in tensors], "prev": None}
-            else:
-                self._pending = {"calibrate": {"skeletons": [skeleton],
-                                               "inputs": [(t.dtype, tuple(t.shape))
-                                                          for t in tensors],
-                                               "first": tensors, "chain": [], "outs": []}}
-        pending = self._pending
-        if pending is None:
-            raise PlacementError(f"remote blocks called out of order (block {k} of the range "
-                                 f"before block 0)")
-        if "calibrate" in pending:
-            return self._calibrating(pending["calibrate"], k, args, kwargs, skeleton, tensors,
-                                     out_device)
-        return self._chained(pending, k, skeleton, tensors, out_device)
-
-    def _calibrating(self, cal, k, args, kwargs, skeleton, tensors, out_device):
-        """Block by block (one round trip each), learning how the blocks chain."""
-        if k > 0:
-            cal["skeletons"].append(skeleton)
-            link = learn_link(tensors, cal["outs"][-1][1], cal["first"]) \
-                if cal["chain"] is not None else None
-            cal["chain"] = None if link is None else cal["chain"] + [
-                {"skeleton": skeleton, "sources": link}]
-        out = self._remote({"mode": "block", "index": k}, (args, kwargs), out_device)
-        out_skeleton, outs = flatten(out)
-        cal["outs"].append((out_skeleton, outs))
-        if k == len(self.range) - 1:
-            self._learned = {"skeletons": cal["skeletons"], "inputs": cal["inputs"],
-                             "chain": cal["chain"],
-                             "outs": [(s, [(t.dtype, tuple(t.shape)) for t in o])
-                                      for s, o in cal["outs"]]}
-            self._pending = None
-        return out
-
-    def _chained(self, pending, k, skeleton, tensors, out_device):
-        """Blocks before the last return placeholders (the model only passes them on, as
-        learned); the last block runs the whole range remotely in one round trip."""
-        from .wire import unflatten
-        learned = self._learned
-        if k > 0:
-            link = learned["chain"][k - 1]
-            prev = pending["prev"]
-            ok = skeleton == link["skeleton"] and len(tensors) == len(link["sources"]) and all(
-                t is (prev[i] if kind == "out" else pending["first_tensors"][i])
-                for t, (kind, i) in zip(tensors, link["sources"])) and \
-                all(p._version == v for p, v in zip(prev, pending["prev_versions"]))
-            if not ok:
-                self._pending = None
-                raise PlacementError(f"the model changed activations between remote blocks "
-                                     f"{self.range[0][0]}..{self.range[-1][0]} on this forward "
-                                     f"(it did not on the first); use chain=False")
-        if k < len(self.range) - 1:
-            out_skeleton, shapes = learned["outs"][k]
-            prev = [torch.empty(s, dtype=d, device=out_device) for d, s in shapes]
-            pending["prev"], pending["prev_versions"] = prev, [p._version for p in prev]
-            return unflatten(out_skeleton, prev)
-        if any(t._version != v for t, v in zip(pending["first_tensors"], pending["versions"])):
-            raise PlacementError(f"the model changed the first remote block's inputs in place "
-                                 f"before block {self.range[-1][0]}; use chain=False")
-        self._pending = None
-        return self._remote({"mode": "chain", "chain": learned["chain"]}, pending["first"],
-                            out_device)
+        return self._calls.call(k, args, kwargs, skeleton, tensors, out_device)
 
     # -- exit: the local module exactly as it was ------------------------------------------
     def __exit__(self, *exc) -> None:
@@ -241,6 +180,9 @@ class RemoteRange:
             else:
                 block.forward = saved
         self._forwards = []
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
         if self._released:
             try:
                 self._restore_released()
@@ -274,7 +216,7 @@ class RemoteRange:
         c = self._counts
         return {"hops": c["hops"], "hop_bytes": c["to"] + c["back"],
                 "round_trips": c["round_trips"], "forwards": c["forwards"],
-                "chained": bool(self._learned and self._learned["chain"] and self.use_chain),
+                "chained": self._calls.chained,
                 "links": {f"{local}->{remote}": {"hops": c["round_trips"], "bytes": c["to"]},
                           f"{remote}->{local}": {"hops": c["round_trips"], "bytes": c["back"]}}}
 

@@ -77,41 +77,42 @@ def recv_message(sock: socket.socket) -> dict:
 
 # -- payloads ---------------------------------------------------------------------------
 def flatten(obj: Any) -> Tuple[Any, List[torch.Tensor]]:
-    """A JSON skeleton with tensors replaced by {"t": index}, and the tensors."""
+    """A JSON skeleton with tensors replaced by {"t": index}, and the tensors.
+    (Module-level recursion: a recursive closure would be a reference cycle that keeps
+    the tensors alive until the garbage collector runs.)"""
     tensors: List[torch.Tensor] = []
-
-    def walk(x):
-        if isinstance(x, torch.Tensor):
-            tensors.append(x)
-            return {"t": len(tensors) - 1}
-        if x is None or isinstance(x, (bool, int, float, str)):
-            return {"v": x}
-        if isinstance(x, tuple):
-            return {"tuple": [walk(v) for v in x]}
-        if isinstance(x, list):
-            return {"list": [walk(v) for v in x]}
-        if isinstance(x, dict):
-            if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in x):
-                raise PlacementError(f"cannot send a dict with keys {list(x)[:3]!r} to a "
-                                     f"remote block range; accepted: {ACCEPTED}")
-            return {"dict": [[k, walk(v)] for k, v in x.items()]}
-        raise PlacementError(f"cannot send a {type(x).__name__} to a remote block range; "
-                             f"accepted: {ACCEPTED}")
-    return walk(obj), tensors
+    return _skeleton(obj, tensors), tensors
 
 
-def unflatten(skeleton: Any, tensors: List[torch.Tensor]) -> Any:
-    def walk(s):
-        if "t" in s:
-            return tensors[s["t"]]
-        if "v" in s:
-            return s["v"]
-        if "tuple" in s:
-            return tuple(walk(v) for v in s["tuple"])
-        if "list" in s:
-            return [walk(v) for v in s["list"]]
-        return {k: walk(v) for k, v in s["dict"]}
-    return walk(skeleton)
+def _skeleton(x, tensors: List[torch.Tensor]):
+    if isinstance(x, torch.Tensor):
+        tensors.append(x)
+        return {"t": len(tensors) - 1}
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return {"v": x}
+    if isinstance(x, tuple):
+        return {"tuple": [_skeleton(v, tensors) for v in x]}
+    if isinstance(x, list):
+        return {"list": [_skeleton(v, tensors) for v in x]}
+    if isinstance(x, dict):
+        if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in x):
+            raise PlacementError(f"cannot send a dict with keys {list(x)[:3]!r} to a "
+                                 f"remote block range; accepted: {ACCEPTED}")
+        return {"dict": [[k, _skeleton(v, tensors)] for k, v in x.items()]}
+    raise PlacementError(f"cannot send a {type(x).__name__} to a remote block range; "
+                         f"accepted: {ACCEPTED}")
+
+
+def unflatten(s: Any, tensors: List[torch.Tensor]) -> Any:
+    if "t" in s:
+        return tensors[s["t"]]
+    if "v" in s:
+        return s["v"]
+    if "tuple" in s:
+        return tuple(unflatten(v, tensors) for v in s["tuple"])
+    if "list" in s:
+        return [unflatten(v, tensors) for v in s["list"]]
+    return {k: unflatten(v, tensors) for k, v in s["dict"]}
 
 
 def _dtype(name: str) -> torch.dtype:

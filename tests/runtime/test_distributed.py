@@ -367,3 +367,78 @@ def test_chained_bytes_are_the_range_inputs_and_outputs_and_a_block_error_is_one
                 hook.remove()
             assert "\n" not in str(err.value)
             assert torch.equal(run(model, inp), expected)      # the worker still serves
+
+
+class SkipStack(torch.nn.Module):
+    """Long skips (HunyuanDiT / U-ViT style): the first half's outputs are kept and read
+    by the second half, so placeholders for them would be silently wrong."""
+
+    def __init__(self, n=4, width=8):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(n))
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        skips, half = [], len(self.blocks) // 2
+        for block in self.blocks[:half]:
+            x = block(x)
+            skips.append(x)
+        for block in self.blocks[half:]:
+            x = block(x + skips.pop())
+        return self.out(x)
+
+
+def _in_process_range(model, first, last):
+    """RangeCalls with the 'worker' in this process: the chain logic without sockets."""
+    import functools
+    from comfyui_placement.runtime.distributed.chain import RangeCalls, run_chain
+    from comfyui_placement.runtime.distributed.wire import flatten
+    found = find_blocks(model)
+    blocks = [b for _, b in found[first:last + 1]]
+    real = [b.forward for b in blocks]
+    trips = []
+
+    def remote(message, payload, device):
+        trips.append(message["mode"])
+        args, kwargs = payload
+        if message["mode"] == "block":
+            return real[message["index"]](*args, **kwargs)
+        return run_chain([lambda *a, f=f, **k: f(*a, **k) for f in real], message["chain"],
+                         args, kwargs)
+    calls = RangeCalls([n for n, _ in found[first:last + 1]], True, remote)
+
+    def call(k, *args, **kwargs):
+        skeleton, tensors = flatten((args, kwargs))
+        return calls.call(k, args, kwargs, skeleton, tensors, torch.device("cpu"))
+    for k, b in enumerate(blocks):
+        b.forward = functools.partial(call, k)
+    after = found[last + 1][1] if last + 1 < len(found) else model
+    after.register_forward_pre_hook(lambda *_: calls.checkpoint())
+    model.register_forward_hook(lambda *_: calls.checkpoint())
+    return calls, trips
+
+
+@pytest.mark.parametrize("arch", ["flux", "skips"])
+def test_chain_only_where_the_model_just_passes_activations_on(arch):
+    torch.manual_seed(0)
+    if arch == "flux":
+        model, inp = _tiny_flux()[0].eval(), None
+        L, T = 16, 8
+        inp = dict(hidden_states=torch.randn(1, L, 8), encoder_hidden_states=torch.randn(1, T, 32),
+                   pooled_projections=torch.randn(1, 16), timestep=torch.tensor([0.5]),
+                   img_ids=torch.zeros(L, 3), txt_ids=torch.zeros(T, 3), return_dict=False)
+        first, last = 1, 4
+    else:
+        model, inp, first, last = SkipStack().eval(), {"x": torch.randn(3, 8)}, 0, 1
+    with torch.no_grad():
+        expected = model(**inp)
+        calls, trips = _in_process_range(model, first, last)
+        outs = [model(**inp) for _ in range(3)]
+    for out in outs:
+        assert torch.equal(out[0] if arch == "flux" else out,
+                           expected[0] if arch == "flux" else expected)
+    n = last - first + 1
+    if arch == "flux":          # learned on the first forward, then one trip per forward
+        assert calls.chained and trips == ["block"] * n + ["chain", "chain"]
+    else:                       # the skips keep the outputs: never chained
+        assert not calls.chained and trips == ["block"] * n * 3
