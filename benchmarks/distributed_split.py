@@ -96,15 +96,16 @@ def main():
                 for _, m, _ in variants:
                     run(m)                                 # warm up; the chain is learned
                 times = {name: [] for name, _, _ in variants}
-                hop_bytes = {}
+                hop_bytes, trips = {}, {}
                 for r in range(args.rounds):
                     for name, m, placed in variants[r % 4:] + variants[:r % 4]:
-                        before = placed.stats()["hop_bytes"] if placed else 0
+                        before = placed.stats() if placed else {}
                         t0 = time.perf_counter()
                         run(m)
                         times[name].append(time.perf_counter() - t0)
-                        hop_bytes[name] = (placed.stats()["hop_bytes"] - before) if placed else 0
-                trips = {name: placed.stats()["round_trips"] for name, _, placed in variants[2:]}
+                        after = placed.stats() if placed else {}
+                        hop_bytes[name] = after.get("hop_bytes", 0) - before.get("hop_bytes", 0)
+                        trips[name] = after.get("round_trips", 0) - before.get("round_trips", 0)
             finally:
                 blocks.__exit__(None, None, None)
                 chained.__exit__(None, None, None)
@@ -118,11 +119,12 @@ def main():
           f"{args.tokens} image tokens; blocks {first}..{last} on the second device / worker; "
           f"{args.threads} torch thread(s) per process; {args.rounds} rounds; loopback gloo")
     print(f"{'variant':18} {'best ms':>9} {'median ms':>10} {'hop MB/step':>12} "
-          f"{'vs plain':>9} {'vs local split':>15}")
+          f"{'trips/step':>10} {'vs plain':>9} {'vs local split':>15}")
     best = {k: min(v) for k, v in times.items()}
     for name, ts in times.items():
         print(f"{name:18} {best[name] * 1e3:9.2f} {statistics.median(ts) * 1e3:10.2f} "
-              f"{hop_bytes[name] / 1e6:12.3f} {best[name] / best['plain']:9.3f} "
+              f"{hop_bytes[name] / 1e6:12.3f} {trips[name]:10d} "
+              f"{best[name] / best['plain']:9.3f} "
               f"{best[name] / best['local split x2']:15.3f}")
     extra = (best["dist x2 blocks"] - best["dist x2 chained"]) / max(n_remote - 1, 1)
     print(f"cost of one extra round trip (blocks - chained, per block beyond the first): "

@@ -5,6 +5,7 @@ against the main process's hashes) and runs them on the activations it is sent.
 One session at a time; when the main process leaves or is lost, the worker drops what
 it loaded and listens again.
 """
+import os
 import socket
 import sys
 from typing import Dict, Sequence
@@ -174,7 +175,6 @@ def serve(listen: str, models_dir: str, secret: bytes, allowed: Sequence[str]) -
     if not sep or not host or not port.isdigit():
         raise PlacementError(f"invalid --listen {listen!r}; expected HOST:PORT, e.g. "
                              f"0.0.0.0:7860 (port 0 picks a free one)")
-    import os
     if not os.path.isdir(models_dir):
         raise PlacementError(f"--models {models_dir!r} is not a folder")
     Worker(host.strip("[]"), int(port), models_dir, secret, allowed).serve_forever()
