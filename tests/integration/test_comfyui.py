@@ -152,6 +152,7 @@ def test_bad_spec_is_a_node_error_at_validation(results):
         assert not rec["valid"], rec
         assert "success" not in rec            # nothing ran
         assert expected in node_error_text(rec), rec["node_errors"]
+        assert_one_error_on_backend(rec)
 
 
 def test_missing_device_falls_back_with_a_warning(results):
@@ -166,6 +167,14 @@ def test_missing_device_is_an_error_when_strict(results):
     rec = results["missing_strict"]
     assert not rec["valid"]
     assert "'cuda7' not found" in node_error_text(rec)
+    assert_one_error_on_backend(rec)
+
+
+def assert_one_error_on_backend(rec):
+    """ComfyUI blames each input validate_inputs names: Backend Assignment names one."""
+    assert list(rec["node_errors"]) == ["10"], rec["node_errors"]
+    errors = rec["node_errors"]["10"]["errors"]
+    assert len(errors) == 1 and errors[0]["extra_info"]["input_name"] == "backend", errors
 
 
 def test_disk_params_on_cpu_reads_the_file_and_matches(results):
