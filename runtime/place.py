@@ -21,12 +21,13 @@ from torch import nn
 from ..placement.errors import PlacementError
 from ..placement.layout import group_blocks
 from .blocks import block_tensor_ids, find_blocks
-from .residency import Group, PinnedPool, default_pinned_cap, rebind, give_back_freed_host_memory
+from .residency import Group, PinnedPool, default_pinned_cap, give_back_freed_host_memory
 from .weightfile import DiskLayout, open_weight_file
 from .hoststore import group_key, packed_host
 from .simdevice import Link
 from .stream import Source, Streamer
 from .faults import teardown_after
+from .restore import put_back
 from .target import open_target
 from .tensors import key_mapper, make_group, module_tensors, seen_bytes, to_device
 
@@ -349,8 +350,7 @@ class Placed:
             for g, _ in self.resident_bufs:
                 self.target.free(g.nbytes, "resident")
             self.resident_bufs = []
-            for t, _ in self.originals.values():
-                rebind(t, self.rest[id(t)])
+            put_back((t, self.rest[id(t)], None) for t, _ in self.originals.values())
             if self.target.is_cuda:
                 torch.cuda.synchronize(self.target.device)
             self.loaded = False
@@ -462,12 +462,8 @@ class Placed:
             self.target = None
 
     def _restore(self) -> None:
-        for t, device in getattr(self, "originals", {}).values():
-            rest = self.rest[id(t)]
-            if rest.device != device:
-                rest = rest.to(device)
-            rebind(t, rest)
-        self.originals = {}
+        originals, self.originals = getattr(self, "originals", {}), {}
+        put_back((t, self.rest[id(t)], device) for t, device in originals.values())
 
     # -- stats ---------------------------------------------------------------------------
     def _stats_now(self) -> dict:

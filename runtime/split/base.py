@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from ...placement.errors import PlacementError
-from ..residency import Group, rebind
+from ..residency import Group
 from ..simdevice import Link
 from ..faults import teardown_after
+from ..restore import put_back
 from ..target import open_target
 from .hops import DEFAULT_HOP_LINK
 from ..tensors import key_mapper, module_tensors
@@ -156,8 +157,7 @@ class SplitBase:
         for d, g, _ in self.resident_bufs:
             self.targets[d].free(g.nbytes, "resident")
         self.resident_bufs = []
-        for t, data in self.originals.values():
-            rebind(t, data)
+        put_back((t, data, None) for t, data in self.originals.values())
         for t in self.targets:
             if t.is_cuda:
                 torch.cuda.synchronize(t.device)
@@ -213,9 +213,8 @@ class SplitBase:
                 for t in self.targets:
                     t.close()
         finally:
-            for t, data in self.originals.values():
-                rebind(t, data)
-            self.originals = {}
+            originals, self.originals = self.originals, {}
+            put_back((t, data, None) for t, data in originals.values())
             self.targets = []
             if self.file is not None:
                 self.file.close()
