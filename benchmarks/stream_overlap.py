@@ -5,7 +5,11 @@ depth 0 (synchronous) is printed beside it; it should be near compute + transfer
 
 Two models: uniform blocks (every block the same compute per byte) and Flux's mix of
 double blocks (fewer FLOP per byte: transfer-heavy) and single blocks (compute-heavy),
-where a deeper ring absorbs the imbalance.
+where a deeper ring absorbs the imbalance. The ring is a byte budget
+(placement/layout.ring_bytes: the most bytes depth + 1 consecutive streamed blocks
+take, what the planner predicts); the table prints its size and how many blocks run
+ahead of the one computing (fewest-most over the positions). The planner's default
+depth is 1.
 The variants run on copies of one model, each placed on its own simulated device, and
 are timed in alternating rounds (this machine is shared, so interleaving keeps noise
 out of the ratios). A round runs a few consecutive steps and includes waiting for the
@@ -145,12 +149,15 @@ def measure(args, double, single):
     print("step/max(c,t): c = the resident run of the same round; same-run: c = this run's "
           "step minus the time it waited for copies")
     print(f"{'variant':>9} {'ms/step':>9} {'step/max(c,t)':>14} {'step/(c+t)':>11} "
-          f"{'same-run':>9} {'h2d MiB/step':>13}")
-    for name, _, _ in variants:
+          f"{'same-run':>9} {'h2d MiB/step':>13} {'ring MiB':>9} {'ahead':>6}")
+    for name, _, placed in variants:
         t = med(times[name])
+        st = placed.streamer
+        ring = f"{st.ring_bytes / 2**20:9.1f} {min(st.ahead)}-{max(st.ahead):<4}" if st else ""
         print(f"{name:>9} {t * 1e3:>9.1f} {med(ratios[name]):>14.3f} "
               f"{med(serial[name]):>11.3f} "
-              f"{med(same_run[name]) if same_run[name] else 0:>9.3f} {h2d[name] / 2**20:>13.1f}")
+              f"{med(same_run[name]) if same_run[name] else 0:>9.3f} {h2d[name] / 2**20:>13.1f}"
+              f" {ring}")
 
 
 if __name__ == "__main__":
