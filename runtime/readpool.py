@@ -54,6 +54,19 @@ class _Job:
         self.error: Optional[BaseException] = None
         self.lock = threading.Lock()
         self.done = threading.Event()
+        self.helping = 0                    # reader threads inside work()
+        self.idle = threading.Condition(self.lock)
+
+    def help(self, fd: int, path: str) -> None:
+        """work() on a reader thread, counted so an interrupted caller can wait for it."""
+        with self.lock:
+            self.helping += 1
+        try:
+            self.work(fd, path)
+        finally:
+            with self.lock:
+                self.helping -= 1
+                self.idle.notify_all()
 
     def work(self, fd: int, path: str) -> None:
         finished = False                    # one lock round per piece: count the last
@@ -79,9 +92,13 @@ class _Job:
             finished = True
 
     def cancel(self, why: BaseException) -> None:
+        """Skip the pieces not started and wait for the reader threads' reads to end (a
+        piece the interrupted caller had claimed is its own: nobody else writes it)."""
         with self.lock:
             if self.error is None:
                 self.error = why
+            while self.helping:
+                self.idle.wait()
 
 
 class ReadPool:
@@ -121,7 +138,6 @@ class ReadPool:
                 job.done.wait()
             except BaseException as e:      # interrupted: stop, but let started reads end
                 job.cancel(e)
-                job.done.wait()
                 raise
             if job.error is not None:
                 raise job.error
@@ -143,7 +159,7 @@ class ReadPool:
             job = self._queue.get()
             if job is None:
                 return
-            job.work(self.fd, self.path)
+            job.help(self.fd, self.path)
 
     def close(self, join: bool = True) -> None:
         """Wait for reads in progress, then stop (and join) the threads; the fd is the

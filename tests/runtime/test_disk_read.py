@@ -443,3 +443,50 @@ def test_a_file_dropped_without_close_leaves_nothing(weights):
     while len(reader_threads()) > threads and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(reader_threads()) == threads and open_fds() == fds
+
+
+def test_an_interrupt_between_pieces_neither_hangs_nor_leaves_reads_running(weights,
+                                                                           monkeypatch):
+    """An interrupt can land after the caller claimed a piece and before it counted it
+    done: the read must still return (not wait for that piece forever), and only once
+    the reader threads' pieces have ended."""
+    path, _ = weights
+    inflight, lock = [0], threading.Lock()
+    real_read, real_work = readpool.pread_full, readpool._Job.work
+    caller = []
+
+    def slow(fd, mv, off, p):
+        with lock:
+            inflight[0] += 1
+        time.sleep(0.03)
+        real_read(fd, mv, off, p)
+        with lock:
+            inflight[0] -= 1
+
+    def work(self, fd, p):
+        if threading.get_ident() != caller[0]:
+            return real_work(self, fd, p)
+        time.sleep(0.01)                           # the readers have started theirs
+        with self.lock:
+            self.next += 1                         # claimed, never finished
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(readpool, "pread_full", slow)
+    monkeypatch.setattr(readpool._Job, "work", work)
+    wf = open_weight_file(path, readers=3, chunk=2048)
+    outcome = []
+
+    def read():
+        caller.append(threading.get_ident())
+        try:
+            wf.read_runs([(0, 0, 30 * 2048)], torch.zeros(30 * 2048, dtype=torch.uint8))
+        except KeyboardInterrupt:
+            outcome.append(inflight[0])
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "the interrupted read hangs"   # (close() would wait on it)
+    monkeypatch.setattr(readpool._Job, "work", real_work)
+    wf.close()
+    assert outcome == [0]
