@@ -10,9 +10,11 @@ What it measures (best of --rounds, who goes first alternating per round):
   engine, one at a time   the same with no reader threads, one preadv per run (how it
                           read before)
   ratio = engine bytes/s / plain bytes/s                  (target >= 0.90)
-and, after those, one streamed forward with params=disk on a simulated device with an
-unthrottled link (depth 2): blocks/s of a whole step including compute and the
-simulated device's copy, shown for scale, not a disk ratio.
+then the same block by block: each engine read of a block paired with a plain read of
+the same byte range right next to it in time (order rotating), median of the ratios:
+steadier than best-of-N when others share the disk. Last, one streamed forward with
+params=disk on a simulated device with an unthrottled link (depth 2): block bytes/s of
+a whole step including compute and the simulated device's copy, for scale only.
 
 What it assumes:
 - The page cache is dropped for the file before every timed read (fsync, then
@@ -24,7 +26,7 @@ What it assumes:
 - Both reads go into one torch uint8 host buffer (the largest block's size), allocated
   and touched before any timing: same allocation, same page size, no first-touch faults.
 
-    python benchmarks/disk_read.py [--dir /tmp] [--rounds 3]
+    python benchmarks/disk_read.py [--dir /tmp] [--rounds 5] [--pieces 512K,4M]
 """
 import argparse
 import ctypes
