@@ -35,10 +35,12 @@ def predicted_figures(plan) -> dict:
     """The plan's own predictions and planned bytes, copied into every record."""
     fit = plan.extra.get("fit") or {}
     table = {row["name"]: row for row in plan.extra.get("device_table") or []}
+    phases = plan.extra.get("device_phases") or {}        # explicit plans (resolve.py)
     planned = {}
     for d in plan.devices:
         row = table.get(d.name)
-        planned[d.name] = dict(row["phases"]) if row else {"any": d.planned_bytes}
+        planned[d.name] = (dict(row["phases"]) if row else dict(phases.get(d.name) or {})
+                           or {"any": d.planned_bytes})
     return {"predicted": dict(fit.get("predicted") or {}), "steps": fit.get("steps"),
             "planned_bytes": planned}
 

@@ -228,8 +228,10 @@ def explicit_plan(request: Request, inventory: Inventory, infos) -> Plan:
         _sizes(cp, info)
         comps[comp] = cp
     devices = device_plans(inventory, request.budgets)
-    _account(devices, comps, infos, warnings)
-    return Plan(devices, comps, warnings)
+    phases = _account(devices, comps, infos, warnings)
+    plan = Plan(devices, comps, warnings)
+    plan.extra["device_phases"] = phases     # what planned_bytes is the max of (the editor draws it)
+    return plan
 
 
 def _auto_reason(inventory: Inventory) -> str:
@@ -305,8 +307,9 @@ def _device_shares(cp: ComponentPlan, info) -> Dict[str, int]:
 
 
 def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,
-             warnings: List[str]) -> None:
-    """Planned bytes per device at its busiest phase, and a warning per budget overrun."""
+             warnings: List[str]) -> Dict[str, Dict[str, int]]:
+    """Planned bytes per device at its busiest phase, and a warning per budget overrun.
+    Returns the bytes per device and phase they are the maximum of."""
     from .components import PHASES
     by_name = {d.name: d for d in devices}
     per_phase: Dict[str, Dict[str, int]] = {}
@@ -338,3 +341,4 @@ def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,
             warnings.append(f"{name}: plan needs {format_bytes(dev.planned_bytes)} but the "
                             f"{'budget' if dev.budget_bytes is not None else 'free memory'} "
                             f"is {format_bytes(limit)}; turn on auto_fit or stream_layers")
+    return per_phase

@@ -121,28 +121,17 @@ export function phaseBars(plan) {
     }
     return bars;
   }
-  // An explicit plan: weights that rest on a device (params) hold it in every phase;
-  // working memory and the ring only while their component computes. Devices the plan
-  // does not budget (planned 0: the host) get no bar, so each device's largest bar is
-  // the table's "planned".
+  // An explicit plan: the planner's own bytes per device and phase (device_phases, of
+  // which each device's planned_bytes is the largest): weights only, as it plans them.
+  // The host's figure is for the whole session (weights resting on the cpu).
+  const phases = plan?.device_phases ?? {};
   for (const dev of plan?.devices ?? []) {
-    if (!dev.planned_bytes) continue;
-    const resting = [...shown].filter((c) => plan.components[c]?.params === dev.name);
-    for (const [phase, members] of PHASES) {
-      let resident = 0, ring = 0, work = 0; const who = new Set(resting);
-      for (const c of resting) resident += plan.components[c].resident_bytes ?? 0;
-      for (const c of members) {
-        const cp = plan.components?.[c];
-        if (!cp || !shown.has(c)) continue;
-        const s = share(cp, dev.name);
-        if (!s) continue;
-        who.add(c);
-        if (cp.params !== dev.name) resident += (cp.resident_bytes ?? 0) * s;
-        if (cp.stream) ring += cp.stream.ring_bytes ?? 0;
-        work += (cp.working_bytes ?? cp.headroom_bytes ?? 0) * s;
-      }
-      const computing = members.some((c) => shown.has(c) && share(plan.components[c], dev.name));
-      if (computing && resident + ring + work > 0) bars.push({ device: dev, phase, resident, ring, work, who: [...who] });
+    for (const [phase, used] of Object.entries(phases[dev.name] ?? {})) {
+      if (!used) continue;
+      const members = PHASES.find(([p]) => p === phase)?.[1] ?? COMPONENTS;
+      const who = members.filter((c) => shown.has(c) && (share(plan.components[c], dev.name) ||
+        (phase === "session" && plan.components[c].params === dev.name)));
+      bars.push({ device: dev, phase, resident: used, ring: 0, work: 0, who });
     }
   }
   return bars;

@@ -338,5 +338,7 @@ def test_measured_figures_appear_after_a_run_and_agree_with_the_log(page, server
     planned = bar["label"].split("planned ")[1].split(" of ")[0]
     cuda0_row = next(l for l in text.splitlines() if l.startswith("cuda0 "))
     assert planned in cuda0_row, (planned, cuda0_row)
+    # and the measured line compares the peak with that same planned figure
+    assert f"cuda0 sample {peak_text} (planned {planned})" in rec["lines"][-1], rec["lines"]
     # nothing measured goes back into the prompt
     assert "measured" not in json.dumps(graph_prompt(page))

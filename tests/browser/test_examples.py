@@ -43,14 +43,11 @@ def test_example_loads_converts_validates_and_runs(page, server, name):
     assign = next(n for n in prompt.values() if n["class_type"] == "PlacementBackendAssignment")
     for key, value in EXAMPLES[name][1].items():
         assert assign["inputs"][key] == value, (key, assign["inputs"])
-    if name == "layer_split_two_gpus":
-        page.evaluate("""() => { const a = window.__app, c = a.canvas;
-            const n = a.graph._nodes.find((n) => n.comfyClass === 'PlacementApply');
-            c.ds.scale = 0.9; c.ds.offset = [-n.pos[0] + 380, -n.pos[1] + 80]; c.setDirty(true, true); }""")
-        page.wait_for_timeout(300)
-        SHOTS.joinpath("11_example_layer_split.png").write_bytes(page.screenshot())
+    # sent as this editor's client: the run's UI output and measured figures reach the
+    # loaded graph (same node ids), which draws them
+    client = page.evaluate("() => window.__api.clientId")
     try:
-        r = get_json(server["url"] + "/prompt", {"prompt": to_tiny(prompt), "client_id": "ex"})
+        r = get_json(server["url"] + "/prompt", {"prompt": to_tiny(prompt), "client_id": client})
     except urllib.error.HTTPError as exc:
         pytest.fail(f"{name}: the server rejected it: {exc.read().decode()[:2000]}")
     assert not r.get("node_errors"), r
@@ -62,3 +59,23 @@ def test_example_loads_converts_validates_and_runs(page, server, name):
         time.sleep(0.2)
     status = hist[pid]["status"]
     assert status["status_str"] == "success", status["messages"][-2:]
+    if name == "layer_split_two_gpus":
+        page.wait_for_timeout(800)
+        for close in page.locator(".p-toast-close-button").all():   # the missing-model toast
+            close.click()
+        page.evaluate("""() => { const a = window.__app, c = a.canvas;
+            const n = a.graph._nodes.find((n) => n.comfyClass === 'PlacementApply');
+            c.ds.scale = 0.9; c.ds.offset = [-n.pos[0] + 380, -n.pos[1] + 80]; c.setDirty(true, true); }""")
+        page.wait_for_timeout(400)
+        SHOTS.joinpath("11_example_layer_split.png").write_bytes(page.screenshot())
+        drawn = page.evaluate("""() => { const n = window.__app.graph._nodes.find(
+            (n) => n.comfyClass === 'PlacementApply'); const st = window.comfyPlacement.state(n);
+            return {bars: window.comfyPlacement.phaseBars(st.plan).map((b) => [b.device.name,
+                    b.phase, b.resident + b.ring + b.work]), phases: st.plan.device_phases,
+                    measured: st.measuredDrawn}; }""")
+        bars = {(d, p): b for d, p, b in drawn["bars"]}
+        # the split drawn on both GPUs in the sampling phase, each bar the planner's figure
+        assert ("cuda0", "sample") in bars and ("cuda1", "sample") in bars, drawn
+        assert bars == {(d, p): b for d, ph in drawn["phases"].items() for p, b in ph.items()
+                        if b}, drawn
+        assert drawn["measured"], "no measured figures after the run"
