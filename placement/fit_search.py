@@ -383,10 +383,15 @@ class Search(Pricing):
                    and self.rules[c].params != "disk"]
         for c in sorted(movable, key=lambda c: (-chosen[c].runs, c)):
             o = chosen[c]
-            slack = self.host_budget - self._host_peak(chosen)
-            h = self.host_blocks_within(o, o.host_persist + slack)
-            if h > o.host_blocks:
-                chosen[c] = self.with_host_blocks(o, h)
+            room = o.host_persist + self.host_budget - self._host_peak(chosen)
+            # On disk the resident prefix is read from the file at each load, so a
+            # shorter prefix with more streamed blocks held in RAM may be cheaper now
+            # (a shorter prefix needs less GPU memory, so it still fits).
+            alts = [o]
+            for k in range(o.resident_blocks, -1, -1):
+                alt = self.stream(c, self.gidx[o.runtime[0]], k, o.depth, "disk")
+                alts.append(self.with_host_blocks(alt, self.host_blocks_within(alt, room)))
+            chosen[c] = min(alts, key=lambda a: (a.cost, -a.host_blocks))
         return chosen
 
     @staticmethod
