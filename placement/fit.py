@@ -179,6 +179,8 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
     if best is None:
         raise explain_failure(search, options, budgets, host, inventory)
     result = build_plan(search, best, request, inventory, infos, options, budgets, host, notes)
+    if getattr(measured, "problem", ""):
+        result.warnings.append(measured.problem)
     for device, note in model.notes:        # step corrections: said where they acted
         for cp in result.components.values():
             if device in (cp.runtime or []):

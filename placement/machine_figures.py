@@ -183,6 +183,7 @@ class Figures:
     peer_bandwidth: Optional[float] = None
     corrections: Dict[str, tuple] = field(default_factory=dict)      # device -> (factor, runs)
     origin: str = ""                                                 # file and date, for reports
+    problem: str = ""           # why the calibration file was not used (a plan warning)
 
 
 NO_FIGURES = Figures()
@@ -193,7 +194,10 @@ def figures_for(inventory, path: Optional[Path] = None) -> Figures:
     corrections when it is the detected inventory; nothing for a simulated one."""
     if getattr(inventory, "source", "") != "detected":
         return NO_FIGURES
-    record = machine_record(inventory, path)
+    try:
+        record = machine_record(inventory, path)
+    except PlacementError as exc:   # a damaged cache file must not stop every plan
+        return Figures(problem=f"{exc}; planned with the default figures")
     if not record:
         return NO_FIGURES
     out = Figures(origin=f"{path or figures_path()} ({record.get('saved_at', 'steps only')})")
