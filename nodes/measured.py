@@ -22,6 +22,8 @@ import torch
 
 import comfy.patcher_extension as ext
 
+from ..placement.errors import PlacementError
+from ..placement.machine_figures import observe_plan_step
 from ..placement.report import render_measured
 
 log = logging.getLogger("comfyui-placement")
@@ -74,7 +76,20 @@ class Meter:
             out = executor(noise, latent_image, sampler, sigmas, *args, **kwargs)
         self.record["sample"] = {"seconds": phase.seconds, "steps": steps}
         self._publish()
+        if self.runs > 1:                  # the first run also loads the weights
+            self._learn(phase.seconds / steps)
         return out
+
+    def _learn(self, step_s: float) -> None:
+        """Measured seconds per step correct the next auto-fit plan on this machine
+        (placement/machine_figures.py; explicit plans and simulated devices predict
+        nothing to correct). A cache folder that cannot be written never fails a run."""
+        try:
+            observe_plan_step(self.inventory, self.plan_that_ran() or self.plan,
+                              "diffusion", step_s)
+        except (PlacementError, OSError) as exc:
+            log.warning("placement node %s: measured step not recorded: %s",
+                        self.node_id, exc)
 
     # -- decode (the placed VAE's decode) -----------------------------------------------
     def timed_decode(self, call):

@@ -1258,6 +1258,14 @@ async def main():
     # 5b. auto-fit decides what is unset, for the models connected to Apply Placement
     RESULTS["auto_fit"] = await run_prompt(executor, pipeline(auto_fit=True, tag="fit"),
                                            "auto_fit")
+    # 5c. a second sampling through the same Apply Placement output (other conditioning):
+    # its measured seconds per step are recorded against the plan's prediction
+    from comfyui_placement.placement import machine_figures
+    again = pipeline(auto_fit=True, tag="fit")
+    again["3"]["inputs"]["seed"] = 11
+    RESULTS["auto_fit_again"] = await run_prompt(executor, again, "auto_fit_again")
+    RESULTS["auto_fit_learned"] = {
+        key: rec.get("corrections") for key, rec in machine_figures.load_all()["machines"].items()}
     # 6. the diagnostic simulated inventory: the engine runs the diffusion model there
     os.environ["COMFYUI_PLACEMENT_SIMULATE"] = "cuda0=1GiB,cuda1=512MiB"
     try:

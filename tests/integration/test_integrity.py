@@ -45,9 +45,18 @@ def test_inputs_unchanged_after_placed_run(results, tag):
     assert results["checks"][tag]["changes"] == []
 
 
-@pytest.mark.parametrize("tag", ("stream", "stream_again", "disk", "layer", "row"))
+@pytest.mark.parametrize("tag", ("stream", "stream_again", "disk", "layer"))
 def test_placed_runs_match_the_reference(results, tag):
     assert results["checks"][tag]["image"]["equal"], results["checks"][tag]["image"]
+
+
+def test_row_split_matches_the_reference_within_rounding(results):
+    """A row split computes each layer's output in parts, so its matmuls have other
+    shapes than the reference's and the BLAS may pick kernels that round differently:
+    bit-equal on an Intel CI machine, 5.1e-6 apart on an AMD EPYC one. Within float32
+    rounding of a [0, 1] image, and never a different picture."""
+    image = results["checks"]["row"]["image"]
+    assert image["finite"] and image["max_abs_diff"] <= 1e-4, image
 
 
 def test_one_host_copy(results):
