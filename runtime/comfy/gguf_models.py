@@ -37,17 +37,39 @@ def gguf_model_file(module) -> Optional[str]:
     for p in module.parameters():
         if hasattr(p, "tensor_type") and p.device.type == "cpu" and p.numel():
             path = mapped_file(p.data_ptr())
-            if path and path.lower().endswith(".gguf") and os.path.isfile(path):
+            if path and path.lower().endswith(".gguf") and os.path.isfile(path) \
+                    and in_model_folders(path):
                 return path
             return None
     return None
 
 
+def in_model_folders(path: str) -> bool:
+    """Whether `path` lies in one of ComfyUI's model folders (folder_paths): the only
+    files the engine reads, whatever named them."""
+    try:
+        import folder_paths
+    except ImportError:
+        return False
+    real = os.path.realpath(path)
+    for name in getattr(folder_paths, "folder_names_and_paths", {}):
+        try:
+            roots = folder_paths.get_folder_paths(name)
+        except Exception:               # a folder type some custom node broke
+            continue
+        for root in roots:
+            root = os.path.realpath(root)
+            if os.path.commonpath([real, root]) == root:
+                return True
+    return False
+
+
 def missing_file_error(module) -> PlacementError:
     return PlacementError(
         "diffusion: params disk needs this ComfyUI-GGUF model's .gguf file, and its weights "
-        "are no longer mapped from it (a load onto a GPU copied them, or this system has "
-        "no /proc/self/maps); use params cpu, or place the model before it first runs")
+        "are no longer mapped from it (a load onto a GPU copied them, this system has no "
+        "/proc/self/maps, or the file is outside ComfyUI's model folders); use params cpu, "
+        "or place the model before it first runs")
 
 
 def gguf_key_map(path: str, module) -> Callable[[str], str]:

@@ -1,7 +1,7 @@
 """Batch parallel inside ComfyUI's sampling (issue 13): runs inside ComfyUI's own Python
 like comfy_driver.py (whose tiny Flux, test nodes and headless server it reuses), on a
 simulated cuda0 + cuda1, and prints PLACEMENT_BATCH_PARALLEL_RESULTS {json}. Asserts
-nothing: test_batch_parallel.py does."""
+nothing: test_comfy_batch_parallel.py does."""
 import asyncio
 import json
 import os

@@ -3,7 +3,7 @@ ComfyUI-GGUF's "Unet Loader (GGUF)" go through Apply Placement (streamed from ho
 memory and from the file, layer split, row split, with LoRA), and each image is compared
 with ComfyUI-GGUF's own run without placement.
 
-Started by test_gguf.py as `PYTHON gguf_driver.py --comfyui DIR --pack DIR --work DIR`.
+Started by test_comfy_gguf.py as `PYTHON gguf_driver.py --comfyui DIR --pack DIR --work DIR`.
 It reuses comfy_driver.py's headless ComfyUI, prompts and observers, writes tiny GGUF
 files of the real Flux architecture (the driver's tiny random Flux models, quantized
 Q8_0 and Q4_K by the pack's writer), and prints one JSON object. It asserts nothing.
