@@ -68,7 +68,9 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
         r.split_stream = False
     if "cpu_params" not in caps:
         r.float_res = r.stream = r.float_split = r.split_stream = False
-    if preset == "sequential" and not (r.stream or r.float_res or r.float_split or r.cpu) \
+    if preset == "sequential" and not (r.stream or r.float_res or r.float_split or r.cpu
+                                       or r.persist_res or r.persist_split
+                                       or r.params_elsewhere) \
             and (r.runtime is None or len(r.runtime) == 1):
         r.float_res = "cpu_params" in caps       # sequential, not streamable here: whole
     r.disk = "disk" in caps

@@ -66,7 +66,10 @@ def _runtime_text(runtime: Sequence[str]) -> str:
 def _stream_text(cp) -> str:
     if cp.stream is None:
         return "-"
-    return f"K={cp.stream.resident_blocks} depth={cp.stream.prefetch_depth}"
+    text = f"K={cp.stream.resident_blocks} depth={cp.stream.prefetch_depth}"
+    if cp.params == "disk" and cp.stream.host_blocks:     # RAM first, the rest from the file
+        text += f" ram={cp.stream.host_blocks}"
+    return text
 
 
 def _shown(plan):

@@ -37,6 +37,7 @@ import comfy.patcher_extension as ext
 import comfy.sd
 
 from ...placement.errors import PlacementError
+from ...placement.report import short_bytes
 from ...runtime.hoststore import drop_store, store_for
 from ...runtime.place import place
 from ...runtime.shadow import Shadow
@@ -211,9 +212,9 @@ class EngineSession:
         self.last_stats = placed.stats()
         self.run_stats = (self.run_stats + [self.last_stats])[-RUN_STATS:]
         for name, d in self.last_stats["devices"].items():
-            log.info("placement %s on %s: peak %d of %d bytes, %d bytes copied in",
-                     self.component, name, d.get("peak_bytes", 0),
-                     d.get("capacity_bytes", 0), d.get("h2d_bytes", 0))
+            log.info("placement %s on %s: peak %s of %s, %s copied in",
+                     self.component, name, short_bytes(d.get("peak_bytes", 0)),
+                     short_bytes(d.get("capacity_bytes", 0)), short_bytes(d.get("h2d_bytes", 0)))
 
 
 def engine_clone(patcher, load_device, offload_device, what: str):

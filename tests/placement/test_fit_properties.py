@@ -266,3 +266,23 @@ def test_plans_are_deterministic(data):
         except PlacementError as exc:
             outs.append(str(exc))
     assert outs[0] == outs[1]
+
+
+def test_sequential_preset_keeps_weights_the_user_put_on_a_gpu():
+    """offload_mode sequential is a default: weights explicitly resting on a GPU stay
+    there (a case the property above found: they were turned into whole-model
+    offloading from the cpu)."""
+    inv = Inventory.simulated("cuda0=1879048192B/1700790272B,cpu=8GiB")
+    blocks = tuple(BlockInfo(f"b.{i}", 240123904, "b", i) for i in range(3))
+    infos = {"diffusion": ComponentInfo("diffusion", 1_154_482_176, blocks, dtype="bf16",
+                                        headroom_bytes=0),
+             "te": ComponentInfo("te", 16 * MiB, (BlockInfo("b.0", 16 * MiB, "b", 0),),
+                                 dtype="bf16", headroom_bytes=0)}
+    try:
+        p = fit(request({"diffusion": Choice(None, "cuda0", None)}), inv, infos,
+                FitOptions(offload_mode="sequential"))
+    except PlacementError as exc:      # kept, and then the text encoder has no room: said
+        assert "\n" not in str(exc) and "cuda0 binds" in str(exc)
+        return
+    assert p.components["diffusion"].params == "cuda0"
+    assert p.components["diffusion"].runtime == ["cuda0"]
