@@ -12,6 +12,7 @@ from .errors import PlacementError
 from .units import format_bytes
 
 SCHEMA_VERSION = 1
+PARALLEL_MODES = ("none", "batch", "pipeline")
 
 
 @dataclass
@@ -47,7 +48,9 @@ class ComponentPlan:
     present: bool = False           # whether the caller described this component
     total_bytes: int = 0
     lora: str = "fuse"              # how LoRA patches apply: fuse | runtime (see placement.lora)
-    parallel: str = "none"          # none | batch: shares of a batch on the runtime devices at once
+    parallel: str = "none"          # none | batch: shares of a batch on the runtime devices at
+                                    # once | pipeline: a layer split's stages run the batch's
+                                    # shares one behind the other (runtime/split/pipeline.py)
     tile: Optional[int] = None      # VAE: tile edge in pixels for a tiled decode; None: full frame
     quant: Optional[str] = None     # GGUF quant type(s) of the weights, e.g. "Q4_K"; None: float
 
@@ -123,9 +126,9 @@ class Plan:
                     parallel=c.get("parallel", "none"),
                     tile=None if c.get("tile") is None else int(c["tile"]),
                     quant=c.get("quant"))
-                if comps[name].parallel not in ("none", "batch"):
+                if comps[name].parallel not in PARALLEL_MODES:
                     raise PlacementError(f"invalid parallel {comps[name].parallel!r} for "
-                                         f"{name}; expected none or batch")
+                                         f"{name}; expected none, batch or pipeline")
                 if comps[name].stream is not None and comps[name].stream.host_blocks < 0:
                     raise PlacementError(f"invalid stream.host_blocks for {name}; expected "
                                          f"a count >= 0")
