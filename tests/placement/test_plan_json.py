@@ -100,7 +100,7 @@ def test_added_keys_round_trip_and_old_plans_default(seed_inventory):
 
 
 @pytest.mark.parametrize("key,value,words", [
-    ("parallel", "pipeline", "invalid parallel"),
+    ("parallel", "tensor", "invalid parallel"),
     ("host_blocks", -1, "host_blocks"),
 ])
 def test_added_keys_refuse_nonsense(seed_inventory, key, value, words):
