@@ -137,3 +137,93 @@ def _ahead(sizes: List[int], offsets: List[int]) -> List[int]:
             a += 1
         out.append(a)
     return out
+
+
+# -- the ring's schedule (what depth the planner streams at) -------------------------------
+# Flux's double and single blocks do the same FLOP per token: a double block runs its
+# image weights over the image tokens and its text weights over the text tokens (12 h^2
+# of matmul weights per token each side, besides the 6 h^2 modulation that sees one
+# token), a single block its 12 h^2 over all tokens, and both attend jointly over all
+# tokens. So per block the compute is equal while a double block has 2.4x the bytes:
+# the double blocks are transfer-heavy. Other architectures: compute in proportion to
+# bytes (uniform FLOP per byte).
+EQUAL_FLOP_GROUPS = {
+    "flux": {"double_blocks", "single_blocks", "transformer_blocks",
+             "single_transformer_blocks"},
+}
+
+
+def compute_shares(info) -> List[float]:
+    """Each block's share of the blocks' compute (sums to 1), in execution order."""
+    blocks = list(getattr(info, "blocks", ()))
+    if not blocks:
+        return []
+    equal = EQUAL_FLOP_GROUPS.get(str(getattr(info, "arch", "")).split("+")[0])
+    if equal and all(b.group in equal for b in blocks):
+        return [1.0 / len(blocks)] * len(blocks)
+    total = sum(max(0, int(b.nbytes)) for b in blocks)
+    if total <= 0:
+        return [1.0 / len(blocks)] * len(blocks)
+    return [max(0, int(b.nbytes)) / total for b in blocks]
+
+
+def ring_schedule(compute: Sequence[float], transfer: Sequence[float],
+                  sizes: Sequence[int], depth: int, lead: float = 0.0,
+                  steps: int = 4) -> Tuple[float, float]:
+    """(step seconds, stall seconds) of streaming blocks with per-block `compute` and
+    `transfer` seconds through the ring of `ring_bytes(sizes, depth)`, as
+    runtime/stream.py schedules it: when block q's hook runs (block q-1's compute is
+    done), the copies of blocks up to q + ahead[q] are issued; the copy engine runs them
+    one after the other; block q computes once its copy landed. The order wraps across
+    steps (the next step's first copies start during this step's last blocks), so the
+    last of `steps` steps is the steady state. `lead`: compute of each step before its
+    first streamed block (resident blocks, embeddings), during which the copies issued
+    at the end of the previous step (up to the first block's horizon) run. stall =
+    step - max(lead + sum(compute), sum(transfer)): the time lost beyond what any
+    schedule must take."""
+    m = len(sizes)
+    if m == 0:
+        return 0.0, 0.0
+    bound = max(lead + float(sum(compute)), float(sum(transfer)))
+    if depth <= 0 or m == 1:            # synchronous: every copy, then its compute
+        step = lead + float(sum(compute)) + float(sum(transfer))
+        return step, step - bound
+    ahead = ring_layout(sizes, ring_bytes(sizes, depth), depth).ahead
+    total = m * max(1, steps)
+    land = [0.0] * total                # when block j's copy has landed
+    issued = 0                          # copies [0, issued) are submitted
+    engine = 0.0                        # the copy engine is free from then
+    end = 0.0                           # the previous block's compute ended
+    step_start = 0.0
+    for q in range(total):
+        last = min(total - 1, q + ahead[q % m])
+        while issued <= last:           # issued at the hook: compute of q-1 is done
+            engine = max(engine, end) + transfer[issued % m]
+            land[issued] = engine
+            issued += 1
+        if q % m == 0:                  # the step begins (end_forward issued the above)
+            step_start = end
+            end += lead
+        end = max(end, land[q]) + compute[q % m]
+    step = end - step_start
+    return step, max(0.0, step - bound)
+
+
+def choose_depth(compute: Sequence[float], transfer: Sequence[float], sizes: Sequence[int],
+                 max_depth: int = 8, stall_share: float = 0.02) -> Tuple[int, List[float]]:
+    """The smallest depth >= 1 whose predicted stall is at most `stall_share` of its
+    step (or, when none is, the depth with the least stall), and the stall share at
+    each depth 1..that depth (for the report's reason line). Depth stops growing once
+    the ring holds every block."""
+    m = len(sizes)
+    shares: List[float] = []
+    best = (float("inf"), 1)
+    for depth in range(1, max(1, min(max_depth, m - 1)) + 1):
+        step, stall = ring_schedule(compute, transfer, sizes, depth)
+        share = stall / step if step > 0 else 0.0
+        shares.append(share)
+        if share <= stall_share:
+            return depth, shares
+        if share < best[0] - 1e-12:
+            best = (share, depth)
+    return best[1], shares[:best[1]]
