@@ -6,7 +6,7 @@ the request and decides only what was left unset; the offload presets of SD.Next
 the cost model and the report.
 """
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from .components import COMPONENTS
 from .errors import PlacementError
@@ -15,6 +15,7 @@ from .fit_report import build_plan, explain_failure
 from .fit_rules import make_rules
 from .fit_search import Search
 from .fit_shapes import Geometry, headroom_of
+from .layout import choose_depth
 from .units import GiB, MiB, format_bytes
 
 OFFLOAD_MODES = ("auto", "none", "model", "balanced", "sequential")
@@ -28,7 +29,8 @@ class FitOptions:
     budget_margin: int = 512 * MiB       # a GPU without a budget gets free - margin
     host_budget: Optional[int] = None    # bytes of host RAM for weights; None: free - margin
     host_margin: int = 2 * GiB
-    prefetch_depth: int = 1              # streamed blocks in flight while one computes
+    prefetch_depth: Optional[int] = None  # blocks in flight while one computes; None: the
+                                          # smallest ring with little stall (auto_depths)
     steps: int = 20                      # sampling steps per generation
     resolution: Tuple[int, int] = (1024, 1024)
     frames: int = 1
@@ -59,9 +61,11 @@ class FitOptions:
                 raise PlacementError(f"invalid {name} {getattr(self, name)!r}; expected bytes >= 0")
         if self.host_budget is not None and int(self.host_budget) < 0:
             raise PlacementError(f"invalid host_budget {self.host_budget!r}; expected bytes >= 0")
-        if not isinstance(self.prefetch_depth, int) or not 0 <= self.prefetch_depth <= 8:
+        if self.prefetch_depth is not None and (
+                not isinstance(self.prefetch_depth, int) or isinstance(self.prefetch_depth, bool)
+                or not 0 <= self.prefetch_depth <= 8):
             raise PlacementError(f"invalid prefetch_depth {self.prefetch_depth!r}; expected "
-                                 f"an integer 0..8")
+                                 f"an integer 0..8, or None (chosen from the block mix)")
         for name in ("steps", "frames", "batch", "cond_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -173,19 +177,86 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
     from .fit_tiles import tiles_for
     tiles = {c: tiles_for(infos[c], geos[c].headroom, options.resolution, options.frames)
              for c in geos if "tiled_decode" in supported(options.executor, c)}
+    if options.prefetch_depth is None:
+        auto = auto_depths(geos, work, rules, gpus, model)
+        depth = {c: d for c, (d, _) in auto.items()}
+    else:
+        auto, depth = {}, options.prefetch_depth
     search = Search(geos, work, rules, gpus, {g: budgets[g][0] for g in gpus}, host[0], model,
-                    options.prefetch_depth, tiles)
+                    depth, tiles)
     best = search.run() if geos else ((0.0, 0, 0.0, 0), {}, [[0] * len(gpus) for _ in range(4)])
     if best is None:
         raise explain_failure(search, options, budgets, host, inventory)
     result = build_plan(search, best, request, inventory, infos, options, budgets, host, notes)
     if getattr(measured, "problem", ""):
         result.warnings.append(measured.problem)
+    _depth_reasons(result, auto, options.prefetch_depth)
     for device, note in model.notes:        # step corrections: said where they acted
         for cp in result.components.values():
             if device in (cp.runtime or []):
                 cp.reasons.append(note)
     return result
+
+
+AUTO_STALL_SHARE = 0.02       # auto depth: the smallest ring losing at most this of a step
+AUTO_MAX_DEPTH = 8
+
+
+def auto_depths(geos, work, rules, gpus, model) -> Dict[str, Tuple[int, List[float]]]:
+    """Per component the ring depth to plan at when prefetch_depth is not set: the
+    smallest whose predicted stall (layout.ring_schedule over its blocks, all streamed,
+    at each GPU's throughput and link) is <= AUTO_STALL_SHARE of the step, the deepest
+    any GPU needs; with the stall share per depth up to it. The search still prices
+    every depth from it down to 0 (a deeper ring holds fewer resident blocks) and keeps
+    the fastest."""
+    from .fit_pricing import block_seconds
+    out = {}
+    for c, geo in geos.items():
+        if geo.n < 2:
+            out[c] = (1, [])
+            continue
+        source = "disk" if rules[c].params == "disk" else "cpu"
+        best = (1, [])
+        for g in gpus:
+            bw = model.source_bandwidth(g, source)
+            if not bw or bw <= 0:
+                continue
+            comp, trans, sizes, _ = block_seconds(geo, work[c].flop / model.throughput[g], 0,
+                                                  bw)
+            got = choose_depth(comp, trans, sizes, AUTO_MAX_DEPTH, AUTO_STALL_SHARE)
+            if got[0] > best[0]:
+                best = got
+            elif not best[1]:
+                best = got
+        out[c] = best
+    return out
+
+
+def _depth_reasons(result, auto, asked) -> None:
+    """A reason line per streamed component: the depth and why, before the decision's
+    line (which stays last: the editor and the table show the last reason)."""
+    for c, cp in result.components.items():
+        if cp.stream is None:
+            continue
+        d = cp.stream.prefetch_depth
+        if asked is not None:
+            _before_last(cp.reasons, f"prefetch depth {d}: prefetch_depth {asked} as set"
+                         + (" (the fastest depth up to it)" if d != asked else ""))
+            continue
+        want, shares = auto.get(c, (d, []))
+        by = ", ".join(f"{i}: {s:.0%}" for i, s in enumerate(shares, start=1))
+        why = (f"the smallest ring whose predicted stall is <= {AUTO_STALL_SHARE:.0%} of the "
+               f"step" if shares and shares[-1] <= AUTO_STALL_SHARE
+               else "the ring with the least predicted stall")
+        line = f"prefetch depth {want}: {why}" + (f" (stall by depth {by})" if by else "")
+        if d != want:
+            line += (f"; planned at depth {d}: a shallower ring leaves room for more "
+                     f"resident blocks and was priced faster")
+        _before_last(cp.reasons, line)
+
+
+def _before_last(reasons, line) -> None:
+    reasons.insert(max(0, len(reasons) - 1), line)
 
 
 def _check_choice(comp, choice, inventory) -> None:

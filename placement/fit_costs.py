@@ -28,8 +28,9 @@ DEFAULT_THROUGHPUT = {"gpu": 80e12, "igpu": 8e12, "cpu": 0.5e12}
 DEFAULT_BANDWIDTH = {"gpu": 25e9, "igpu": 50e9, "cpu": math.inf}
 DEFAULT_DISK_BANDWIDTH = 2e9          # NVMe sequential read, conservative
 STREAM_BLOCK_OVERHEAD_S = 30e-6       # event wait + launch per streamed block
-# Overlap is never perfect (copies contend for memory bandwidth, waits stall the queue):
-# a streamed forward costs max(compute, transfer) + (1 - OVERLAP) x min(compute, transfer).
+# Overlap is never perfect (copies contend for memory bandwidth): a streamed forward costs
+# max(compute, transfer) + (1 - OVERLAP) x min(compute, transfer), plus the stall the
+# ring's schedule predicts for its depth and block mix (layout.ring_schedule).
 STREAM_OVERLAP = 0.9
 HOP_LATENCY_S = 20e-6
 

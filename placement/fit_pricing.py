@@ -11,17 +11,49 @@ from typing import Dict, List, Optional
 
 from .fit_costs import STREAM_BLOCK_OVERHEAD_S, STREAM_OVERLAP
 from .fit_shapes import Geometry, layer_ranges, row_shares, stream_spans
+from .layout import compute_shares, ring_schedule
 
 PHASE_ORDER = ("encode", "sample", "decode", "upscale")
 
 
-def streamed_forward(compute: float, transfer: float, depth: int, streamed_blocks: int) -> float:
-    """Seconds of one streamed forward: copies overlap compute when prefetching."""
+def streamed_forward(compute: float, transfer: float, depth: int, streamed_blocks: int,
+                     stall: float = 0.0) -> float:
+    """Seconds of one streamed forward: copies overlap compute when prefetching.
+    `stall`: what the ring's schedule loses beyond max(compute, transfer) at this depth
+    (ring_stall: transfer-heavy blocks in a row outrunning a shallow ring)."""
     if depth > 0:
-        t = max(compute, transfer) + (1 - STREAM_OVERLAP) * min(compute, transfer)
+        t = max(compute, transfer) + (1 - STREAM_OVERLAP) * min(compute, transfer) + stall
     else:
         t = compute + transfer
     return t + streamed_blocks * STREAM_BLOCK_OVERHEAD_S
+
+
+def block_seconds(geo: Geometry, compute: float, k: int, bandwidth: float, lo: int = 0,
+                  hi: Optional[int] = None):
+    """Per streamed block (k..hi) its compute and transfer seconds and its size, and the
+    lead: the resident blocks' (lo..k) compute, which runs before the first streamed
+    block of each forward while the copies issued ahead keep going. `compute` is the
+    whole component's on this device; the blocks' compute is their byte share of it
+    (non-block weights are mostly embeddings and norms: no block's time), split by
+    layout.compute_shares."""
+    hi = geo.n if hi is None else hi
+    sizes = geo.sizes[k:hi]
+    blocks = compute * geo.prefix[geo.n] / max(1, geo.total)
+    shares = compute_shares(geo.info)
+    comp = [blocks * w for w in shares[k:hi]]
+    lead = blocks * sum(shares[lo:k])
+    return comp, [n / bandwidth for n in sizes], sizes, lead
+
+
+def ring_stall(geo: Geometry, compute: float, k: int, bandwidth: float, depth: int,
+               lo: int = 0, hi: Optional[int] = None) -> float:
+    """Seconds per forward the ring at `depth` loses beyond max(compute, transfer) when
+    blocks k..hi stream (lo..k resident before them)."""
+    hi = geo.n if hi is None else hi
+    if depth <= 0 or hi - k < 2 or bandwidth <= 0:
+        return 0.0
+    comp, trans, sizes, lead = block_seconds(geo, compute, k, bandwidth, lo, hi)
+    return ring_schedule(comp, trans, sizes, depth, lead)[1]
 
 
 class Option:
@@ -161,7 +193,9 @@ class Pricing:
         o.host_persist = geo.total if source == "cpu" else in_ram
         o.resident_bytes, o.streamed_bytes, o.loaded_bytes = resident, streamed, resident
         o.compute_s, o.transfer_s = compute, transfer
-        o.forward_s = streamed_forward(compute, transfer, depth, geo.n - k)
+        # disk sources: the schedule at the mean link of RAM and disk reads
+        stall = ring_stall(geo, compute, k, streamed / transfer if transfer > 0 else bw, depth)
+        o.forward_s = streamed_forward(compute, transfer, depth, geo.n - k, stall)
         o.load_s = resident / bw
         o.cost = o.runs * o.forward_s + o.load_s
         return o
@@ -270,7 +304,10 @@ class Pricing:
             held = nb + geo.prefix[b] - geo.prefix[a]
             compute = self._compute_s(c, held / (geo.total or 1), d)
             transfer = streamed / self.model.source_bandwidth(names[j], source)
-            fwd += streamed_forward(compute, transfer, depth, b - a - k) if streamed else compute
+            bw = self.model.source_bandwidth(names[j], source)
+            stall = ring_stall(geo, self._compute_s(c, 1.0, d), a + k, bw, depth, a, b)
+            fwd += streamed_forward(compute, transfer, depth, b - a - k, stall) if streamed \
+                else compute
             compute_all += compute
             transfer_all += transfer
             resident_total += nb + resident

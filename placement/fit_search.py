@@ -47,30 +47,36 @@ class Search(Pricing):
         self._phase_cache: Dict[tuple, Optional[Tuple[float, list]]] = {}
         self.leaves = 0
 
+    def depth_for(self, c: str) -> int:
+        """The deepest ring tried for c (`depth`: one int, or {component: int})."""
+        return self.depth[c] if isinstance(self.depth, dict) else self.depth
+
     # -- choices for one component --------------------------------------------------------
     def _best_k(self, c: str, d: int, room: int, depth: int, source: str) -> Optional[int]:
-        """The resident prefix to stream with. Every block kept resident saves its copy on
-        each forward but is loaded (not overlapped) once per phase: with enough forwards
-        (runs x (1 - overlap) >= 1, a sampled model) the largest prefix that fits is best;
-        a component run once is best streamed just enough to hide under its compute, so
-        every prefix that fits is priced."""
+        """The resident prefix to stream with, priced as stream() prices it (the ring's
+        stall included, which is not monotone in the prefix). Every block kept resident
+        saves its copy on each forward but is loaded (not overlapped) once per phase:
+        with enough forwards (runs x (1 - overlap) >= 1, a sampled model) the cost
+        without the stall only grows as the prefix shrinks, so the walk down from the
+        largest prefix that fits stops once that floor passes the best found; a
+        component run once prices every prefix that fits."""
         geo = self.geos[c]
         if self.rules[c].prefix_zero:
             return 0 if geo.stream_weights(0, depth) <= room else None
         kmax = geo.best_prefix(room, depth)
-        if kmax is None or self.work[c].runs * (1 - STREAM_OVERLAP) >= 1:
-            return kmax
-        bw = self.model.source_bandwidth(self.gpus[d], source)
-        compute = self.work[c].flop / self.tp[d]
-        runs, total_blocks = self.work[c].runs, geo.prefix[geo.n]
+        if kmax is None:
+            return None
+        sampled = self.work[c].runs * (1 - STREAM_OVERLAP) >= 1
         best = None
         for k in range(kmax, -1, -1):
             if geo.stream_weights(k, depth) > room:
                 continue
-            fwd = streamed_forward(compute, (total_blocks - geo.prefix[k]) / bw, depth, geo.n - k)
-            cost = runs * fwd + (geo.non_block + geo.prefix[k]) / bw
-            if best is None or cost < best[0]:
-                best = (cost, k)
+            o = self.stream(c, d, k, depth, source)
+            if sampled and best is not None and o.runs * streamed_forward(
+                    o.compute_s, o.transfer_s, depth, geo.n - k) + o.load_s >= best[0]:
+                break
+            if best is None or o.cost < best[0]:
+                best = (o.cost, k)
         return best[1]
 
     def _tile_within(self, c: str, room: int):
@@ -117,7 +123,7 @@ class Search(Pricing):
                     out.append(self.resident(c, d, False, source, tile=tile))
             if rule.stream:
                 weights_room = room - geo.headroom
-                for depth in range(self.depth, -1, -1):
+                for depth in range(self.depth_for(c), -1, -1):
                     k = self._best_k(c, d, weights_room, depth, source)
                     if k is not None:
                         out.append(self.stream(c, d, k, depth, source))
@@ -142,7 +148,7 @@ class Search(Pricing):
                 k = len(devs)      # how many GPUs stream: all, half, or the last few
                 for streaming in sorted({k, (k + 1) // 2, 3, 2, 1} & set(range(1, k + 1)),
                                         reverse=True):
-                    for depth in range(self.depth, -1, -1):
+                    for depth in range(self.depth_for(c), -1, -1):
                         o = self.split_stream(c, devs, caps, depth, source, streaming)
                         if o is not None:
                             out.append(o)

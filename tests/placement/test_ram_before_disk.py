@@ -62,9 +62,12 @@ def test_8_gib_gpu_32_gib_ram_puts_nothing_on_disk_that_ram_could_hold(files):
             continue
         on_disk = infos[comp].total_bytes - (_in_ram(infos, comp, cp) if cp.stream else 0)
         assert on_disk > slack, (comp, on_disk, slack)     # RAM left could not hold it
-        if cp.stream is not None:                            # the streamed tail: in RAM
-            assert cp.stream.host_blocks == len(infos[comp].blocks) - cp.stream.resident_blocks
-    assert generation_s(p) < 25
+        if cp.stream is not None:     # the streamed tail in RAM as far as the slack holds
+            sizes = [b.nbytes for b in infos[comp].blocks]
+            first_on_disk = cp.stream.resident_blocks + cp.stream.host_blocks
+            assert first_on_disk == len(sizes) or sizes[first_on_disk] > slack, \
+                (comp, cp.stream, slack)
+    assert generation_s(p) < 26     # the ring's stall on double blocks included
 
 
 def test_more_ram_never_slower_and_fills_before_disk(files):
