@@ -211,6 +211,7 @@ def auto_depths(geos, work, rules, gpus, model) -> Dict[str, Tuple[int, List[flo
     the fastest."""
     from .fit_pricing import block_seconds
     out = {}
+    seen = {}       # equal GPUs (same throughput and link) give the same answer
     for c, geo in geos.items():
         if geo.n < 2:
             out[c] = (1, [])
@@ -221,9 +222,12 @@ def auto_depths(geos, work, rules, gpus, model) -> Dict[str, Tuple[int, List[flo
             bw = model.source_bandwidth(g, source)
             if not bw or bw <= 0:
                 continue
-            comp, trans, sizes, _ = block_seconds(geo, work[c].flop / model.throughput[g], 0,
-                                                  bw)
-            got = choose_depth(comp, trans, sizes, AUTO_MAX_DEPTH, AUTO_STALL_SHARE)
+            key = (c, model.throughput[g], bw)
+            if key not in seen:
+                comp, trans, sizes, _ = block_seconds(geo, work[c].flop / model.throughput[g],
+                                                      0, bw)
+                seen[key] = choose_depth(comp, trans, sizes, AUTO_MAX_DEPTH, AUTO_STALL_SHARE)
+            got = seen[key]
             if got[0] > best[0]:
                 best = got
             elif not best[1]:

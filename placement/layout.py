@@ -14,6 +14,7 @@ blocks holds more blocks ahead than a run of large ones: the budget is bytes, no
 slots of the largest block. While block p computes, the blocks p+1 .. p+ahead[p] may
 be in flight: as many as fit beside the blocks not consumed yet.
 """
+from functools import lru_cache
 from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 
@@ -122,18 +123,29 @@ def ring_layout(sizes: Sequence[int], ring: int, depth: int) -> RingLayout:
 
 def _ahead(sizes: List[int], offsets: List[int]) -> List[int]:
     """Per position p: how many of the next blocks (cyclic, fewer than m) have regions
-    disjoint from p's and from each other's."""
+    disjoint from p's and from each other's. The layout lays each block where the one
+    before it ends, or at 0 (a wrap), so the regions from p on cover [offsets[p], ...)
+    until the first wrap and, after it, also [0, the last end): a block after the wrap
+    is clear while it ends at or before offsets[p]; a second wrap lands on the first."""
     m = len(sizes)
     out = []
     for p in range(m):
-        live = [(offsets[p], offsets[p] + sizes[p])]
-        a = 0
+        base, end, wrapped, a = offsets[p], offsets[p] + sizes[p], False, 0
+        if sizes[p] <= 0:
+            base = None                           # an empty block holds nothing
         while a < m - 1:
             j = (p + a + 1) % m
             lo, hi = offsets[j], offsets[j] + sizes[j]
-            if hi > lo and any(lo < h and l < hi for l, h in live):
-                break
-            live.append((lo, hi))
+            if hi > lo and base is None:
+                base, end = lo, hi
+            elif hi > lo:
+                if lo != end:                     # a wrap to 0
+                    if wrapped and end > 0:
+                        break
+                    wrapped = True
+                if (wrapped and hi > base) or (not wrapped and lo < base < hi):
+                    break
+                end = hi
             a += 1
         out.append(a)
     return out
@@ -188,7 +200,7 @@ def ring_schedule(compute: Sequence[float], transfer: Sequence[float],
     if depth <= 0 or m == 1:            # synchronous: every copy, then its compute
         step = lead + float(sum(compute)) + float(sum(transfer))
         return step, step - bound
-    ahead = ring_layout(sizes, ring_bytes(sizes, depth), depth).ahead
+    ahead = _ahead_of(tuple(int(s) for s in sizes), depth)
     total = m * max(1, steps)
     land = [0.0] * total                # when block j's copy has landed
     issued = 0                          # copies [0, issued) are submitted
@@ -207,6 +219,13 @@ def ring_schedule(compute: Sequence[float], transfer: Sequence[float],
         end = max(end, land[q]) + compute[q % m]
     step = end - step_start
     return step, max(0.0, step - bound)
+
+
+@lru_cache(maxsize=4096)
+def _ahead_of(sizes: Tuple[int, ...], depth: int) -> List[int]:
+    """The runtime's ring layout's `ahead` (the planner asks for the same blocks at many
+    links and prefixes: the layout depends on the sizes and depth alone)."""
+    return ring_layout(sizes, ring_bytes(sizes, depth), depth).ahead
 
 
 def choose_depth(compute: Sequence[float], transfer: Sequence[float], sizes: Sequence[int],

@@ -1,6 +1,7 @@
 """The ring's schedule (placement/layout.ring_schedule) and the depth auto-fit streams at
 when prefetch_depth is not set (fit.auto_depths, layout.choose_depth)."""
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from comfyui_placement.placement import Inventory, PlacementError
 from comfyui_placement.placement.fit import FitOptions, fit
@@ -101,3 +102,38 @@ def test_unset_depth_is_chosen_from_the_block_mix_and_explained():
 def test_bad_depth_is_one_line(bad):
     with pytest.raises(PlacementError, match="invalid prefetch_depth .*0..8, or None"):
         FitOptions(prefetch_depth=bad)
+
+
+def _ahead_by_regions(sizes, offsets):
+    """Reference: per position, how many next blocks fit beside it and each other,
+    checking every pair of regions (empty blocks hold nothing)."""
+    m, out = len(sizes), []
+    for p in range(m):
+        live = [(offsets[p], offsets[p] + sizes[p])] if sizes[p] > 0 else []
+        a = 0
+        while a < m - 1:
+            j = (p + a + 1) % m
+            lo, hi = offsets[j], offsets[j] + sizes[j]
+            if hi > lo and any(lo < h and l < hi for l, h in live):
+                break
+            if hi > lo:
+                live.append((lo, hi))
+            a += 1
+        out.append(a)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=24).filter(lambda s: max(s) > 0),
+       st.integers(1, 5), st.integers(0, 30), st.data())
+def test_ring_horizon_equals_checking_every_region(sizes, depth, spare, data):
+    from comfyui_placement.placement.layout import _ahead, ring_bytes
+    ring = max(max(sizes), ring_bytes(sizes, depth) + spare)
+    start = data.draw(st.integers(0, len(sizes) - 1))
+    offsets, off = [0] * len(sizes), 0      # laid out as ring_layout lays them
+    for i in range(len(sizes)):
+        q = (start + i) % len(sizes)
+        if off + sizes[q] > ring:
+            off = 0
+        offsets[q], off = off, off + sizes[q]
+    assert _ahead(sizes, offsets) == _ahead_by_regions(sizes, offsets)
