@@ -1,21 +1,34 @@
 """Does streaming hide the transfers? On the simulated device, with a link modelled so
-that one step's transfers take about as long as one step's compute:
-    ratio = streamed step time / max(compute, transfer)     (target <= 1.10, depth >= 1)
+that one step's transfers take `--transfer-share` x one step's compute:
+    ratio = streamed step / max(compute, transfer)     (target <= 1.10 at the planner's depth)
 depth 0 (synchronous) is printed beside it; it should be near compute + transfer.
 
-Two models: uniform blocks (every block the same compute per byte) and Flux's mix of
-double blocks (fewer FLOP per byte: transfer-heavy) and single blocks (compute-heavy),
-where a deeper ring absorbs the imbalance. The ring is a byte budget
-(placement/layout.ring_bytes: the most bytes depth + 1 consecutive streamed blocks
-take, what the planner predicts); the table prints its size and how many blocks run
-ahead of the one computing (fewest-most over the positions). The planner's default
-depth is 1.
+Two denominators for compute, both measured in the same alternating rounds:
+- resident: the model all resident, nothing else running;
+- resident+copies: the model all resident while the simulated copy engine carries out
+  the same copies at the same pace (a pre-hook on each block issues the next block's
+  copy into a scratch buffer, never waited for). The simulated engine does its memcpy
+  on a CPU core of this machine, which slows compute (memory bandwidth, the shared
+  core); a GPU's DMA engine does not. Against this denominator the ratio isolates what
+  streaming itself costs (waits, hooks, scheduling).
+
+Two models: uniform blocks, and Flux's mix (4 double + 8 single blocks, double blocks
+2.4x the bytes of single ones as in Flux, equal FLOP per token). The planner's depth is
+`placement.layout.choose_depth` on what the planner assumes (each block's compute
+from layout's rule -- equal per block for both mixes --, transfer per block = bytes /
+link); it is printed with the stall it predicts, and the table marks its row. The ring
+is a byte budget (placement/layout.ring_bytes); the table prints its size and how many
+blocks run ahead of the one computing (fewest-most over the positions).
 The variants run on copies of one model, each placed on its own simulated device, and
 are timed in alternating rounds (this machine is shared, so interleaving keeps noise
-out of the ratios). A round runs a few consecutive steps and includes waiting for the
-copies the last step started ahead (conservative).
+out of the ratios). A round runs one untimed step from a drained ring, then times a
+few consecutive steps: the steady state of sampling, where each step starts with the
+copies the step before issued ahead and ends with its own issued for the next (timing
+the drain of those would charge up to `ahead` blocks' transfer to a round: +4% per
+block ahead with 12 blocks over 2 steps). The first step of a sampling run pays the
+ring's fill once (the depth 0 row's cost for its first `ahead` blocks).
 
-    python benchmarks/stream_overlap.py [--rounds 5] [--hidden 384]
+    python benchmarks/stream_overlap.py [--rounds 5] [--hidden 256] [--transfer-share 0.8]
 """
 import argparse
 import copy
@@ -24,10 +37,12 @@ import time
 import torch
 
 from _common import flux, inventory, med, plan
+from comfyui_placement.placement.layout import choose_depth, ring_schedule
 from comfyui_placement.runtime import find_blocks, place
-from comfyui_placement.runtime.simdevice import Link
+from comfyui_placement.runtime.simdevice import Link, SimTransfer
 
 DEPTHS = (0, 1, 2, 4)
+LATENCY = 20e-6
 
 
 def main():
@@ -38,6 +53,12 @@ def main():
                 args.single + args.double),
                (f"mixed blocks: {args.double} double + {args.single} single", args.double,
                 args.single)]
+    print(f"assumes: steady-state steps (ring filled before timing); the simulated link is re-set each round so that one step's transfers "
+          f"= {args.transfer_share:g} x that round's resident compute (+{LATENCY * 1e6:.0f}"
+          f" us per copy); a copy lands exactly at its modelled time, never earlier; the "
+          f"planner's compute per block is equal (layout.compute_shares) and its transfer "
+          f"per block is bytes / link; torch compute threads {args.threads or 'default'}, "
+          f"the copy engine's memcpy on another thread")
     for title, double, single in configs:
         print(f"== {title}")
         measure(args, double, single)
@@ -45,7 +66,7 @@ def main():
 
 def parse():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=2, help="consecutive steps per round")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--double", type=int, default=4)
@@ -61,17 +82,60 @@ def parse():
     return ap.parse_args()
 
 
+def planner_depth(sizes, share):
+    """What the planner picks for these blocks: equal compute per block (Flux's double
+    and single blocks do equal FLOP per token), transfer = bytes / link, scaled so a
+    step's transfers are `share` x its compute (units of one step's compute)."""
+    m, total = len(sizes), sum(sizes)
+    compute = [1.0 / m] * m
+    transfer = [share * s / total for s in sizes]
+    depth, stalls = choose_depth(compute, transfer, sizes)
+    step, stall = ring_schedule(compute, transfer, sizes, depth)
+    return depth, stalls, stall / step
+
+
+class CopyLoad:
+    """The same copies at the same pace as streaming, never waited for: each block's
+    pre-hook issues the next block's copy from a host copy of its bytes into its own
+    device buffer (identical bytes, so compute reads what it would anyway, freshly
+    written as a streamed block's are). The simulated copy engine's CPU and memory
+    load without streaming's waits, hooks and scheduling."""
+
+    def __init__(self, placed, blocks, link):
+        self.transfer = SimTransfer("copy-load", link)
+        bufs = {g.name: buf for g, buf in placed.resident_bufs}
+        self.dsts = [bufs[name] for name, _ in blocks]
+        self.sources = [d.clone() for d in self.dsts]
+        self.handles = [b.register_forward_pre_hook(self._hook(i)) for i, (_, b) in
+                        enumerate(blocks)]
+
+    def _hook(self, i):
+        nxt = (i + 1) % len(self.sources)
+        src, dst = self.sources[nxt], self.dsts[nxt]
+
+        def pre(module, args):
+            self.transfer.submit(dst, src)
+        return pre
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+        self.transfer.drain()
+        self.transfer.close()
+
+
 def measure(args, double, single):
     model, inp = flux(args.hidden, args.hidden // 64, double, single, args.tokens)
-    inv = inventory(",".join(f"cuda{i}=16GiB" for i in range(len(DEPTHS) + 1)))
+    blocks = [b for _, b in find_blocks(model)]
+    sizes = [sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks]
+    streamed = sum(sizes)
+    chosen, stalls, predicted = planner_depth(sizes, args.transfer_share)
+    depths = tuple(sorted(set(DEPTHS) | {chosen}))
+    inv = inventory(",".join(f"cuda{i}=16GiB" for i in range(len(depths) + 2)))
 
     def run(m):
         with torch.no_grad():
             m(**inp)
-
-    blocks = [b for _, b in find_blocks(model)]
-    sizes = [sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks]
-    streamed = sum(sizes)
 
     resident = place(model, plan("cuda0", device="cuda0"), "diffusion", inv)
     with resident:                                  # calibrate the link on compute
@@ -80,39 +144,49 @@ def measure(args, double, single):
         for _ in range(args.steps):
             run(model)
         compute0 = (time.perf_counter() - t0) / args.steps
-    link = Link(bandwidth=streamed / (compute0 * args.transfer_share), latency=20e-6)
+    link = Link(bandwidth=streamed / (compute0 * args.transfer_share), latency=LATENCY)
 
     def modelled(lk):
         return sum(lk.seconds(n) for n in sizes)
 
     variants = [("resident", model, place(model, plan("cuda0", device="cuda0"), "diffusion",
                                           inv))]
-    for i, depth in enumerate(DEPTHS, start=1):
+    loaded = copy.deepcopy(model)
+    variants.append(("res+copies", loaded, place(loaded, plan("cuda1", device="cuda1"),
+                                                  "diffusion", inv)))
+    for i, depth in enumerate(depths, start=2):
         m = copy.deepcopy(model)
         variants.append((f"depth {depth}", m, place(m, plan("cpu", stream=(0, depth),
                                                             device=f"cuda{i}"),
                                                      "diffusion", inv, link=link)))
-    times = {name: [] for name, _, _ in variants}
-    ratios = {name: [] for name, _, _ in variants}
-    same_run = {name: [] for name, _, _ in variants}
-    serial = {name: [] for name, _, _ in variants}
+    names = [name for name, _, _ in variants]
+    times = {name: [] for name in names}
+    ratios = {name: [] for name in names}
+    honest = {name: [] for name in names}
+    same_run = {name: [] for name in names}
+    serial = {name: [] for name in names}
     h2d = {}
     for _, m, placed in variants:
         placed.__enter__()
+    load = CopyLoad(variants[1][2], find_blocks(loaded), link)
     try:
         for _, m, _ in variants:
             run(m)                                  # warm up, learn the block order
+        load.transfer.drain()
         for _ in range(args.rounds):
             round_times = {}
             for name, m, placed in variants:
+                run(m)                            # into the steady state, untimed
                 before = placed.stats()["devices"]
                 waited = placed.streamer.wait_seconds if placed.streamer else 0.0
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
                     run(m)
-                if placed.streamer is not None:
-                    placed.streamer.drain()
                 round_times[name] = (time.perf_counter() - t0) / args.steps
+                if placed.streamer is not None:   # the next step's copies: not this one's
+                    placed.streamer.drain()
+                if name == "res+copies":
+                    load.transfer.drain()
                 if placed.streamer is not None:   # compute of this very run: not waiting
                     waited = (placed.streamer.wait_seconds - waited) / args.steps
                     same_run[name].append((round_times[name], round_times[name] - waited))
@@ -121,13 +195,17 @@ def measure(args, double, single):
                 dev = next(iter(after))
                 h2d[name] = (after[dev]["h2d_bytes"] - before[dev]["h2d_bytes"]) / args.steps
                 if name == "resident":            # the machine is shared: follow its speed
-                    link = Link(streamed / (round_times[name] * args.transfer_share), 20e-6)
-                    for _, _, p in variants[1:]:
+                    link = Link(streamed / (round_times[name] * args.transfer_share),
+                                LATENCY)
+                    for _, _, p in variants[2:]:
                         p.target.transfer.link = link
+                    load.transfer.link = link
                     transfer = modelled(link)
             for name in round_times:
                 c = round_times["resident"]
                 ratios[name].append(round_times[name] / max(c, transfer))
+                honest[name].append(round_times[name] /
+                                    max(round_times["res+copies"], transfer))
                 serial[name].append(round_times[name] / (c + transfer))
                 if same_run[name]:
                     step, busy = same_run[name][-1]
@@ -135,29 +213,36 @@ def measure(args, double, single):
     finally:
         for _, _, placed in variants:
             placed.__exit__(None, None, None)
+        load.close()
 
     compute = med(times["resident"])
     print(f"model: Flux architecture, hidden {args.hidden}, {len(blocks)} blocks streamed "
-          f"(K=0), {args.tokens} image tokens, {streamed / 2**20:.1f} MiB per step; "
-          f"torch threads {torch.get_num_threads()}; {args.rounds} rounds x {args.steps} steps")
-    print(f"compute (all resident) {compute * 1e3:.1f} ms/step (median); the link is re-set "
-          f"each round so that transfer alone = compute of that round; a simulated copy "
-          f"lands exactly at its modelled time (its memcpy inside it, never earlier), so "
-          f"transfer = the modelled time; ratios are per round, median shown; the resident "
-          f"row is compute / max(compute, transfer), just under 1 because the link's "
-          f"per-copy latency makes transfer a little longer than compute")
-    print("step/max(c,t): c = the resident run of the same round; same-run: c = this run's "
-          "step minus the time it waited for copies")
-    print(f"{'variant':>9} {'ms/step':>9} {'step/max(c,t)':>14} {'step/(c+t)':>11} "
-          f"{'same-run':>9} {'h2d MiB/step':>13} {'ring MiB':>9} {'ahead':>6}")
+          f"(K=0; {', '.join(f'{n / 2**20:.2f}' for n in sorted(set(sizes), reverse=True))}"
+          f" MiB), {args.tokens} image tokens, {streamed / 2**20:.1f} MiB per step; "
+          f"torch threads {torch.get_num_threads()}; {args.rounds} rounds x {args.steps} "
+          f"steps")
+    print(f"planner's depth (choose_depth, transfer = {args.transfer_share:g} x compute): "
+          f"{chosen}; predicted stall share by depth "
+          f"{', '.join(f'{d}: {s:.1%}' for d, s in enumerate(stalls, start=1))}; at depth "
+          f"{chosen}: {predicted:.1%}")
+    print(f"compute (all resident) {compute * 1e3:.1f} ms/step, with the copy load "
+          f"{med(times['res+copies']) * 1e3:.1f} ms/step (medians); ratios are per round, "
+          f"median shown")
+    print("columns: vs res+copies = step / max(resident+copies of the same round, transfer)"
+          " (streaming's own cost); vs resident = step / max(resident, transfer); "
+          "serial = step / (resident + transfer); same-run = step / max(this run's step "
+          "minus its waits on copies, transfer)")
+    print(f"{'variant':>12} {'ms/step':>9} {'vs res+copies':>14} {'vs resident':>12} "
+          f"{'serial':>7} {'same-run':>9} {'h2d MiB/step':>13} {'ring MiB':>9} {'ahead':>6}")
     for name, _, placed in variants:
         t = med(times[name])
         st = placed.streamer
         ring = f"{st.ring_bytes / 2**20:9.1f} {min(st.ahead)}-{max(st.ahead):<4}" if st else ""
-        print(f"{name:>9} {t * 1e3:>9.1f} {med(ratios[name]):>14.3f} "
-              f"{med(serial[name]):>11.3f} "
-              f"{med(same_run[name]) if same_run[name] else 0:>9.3f} {h2d[name] / 2**20:>13.1f}"
-              f" {ring}")
+        mark = " <- planner" if name == f"depth {chosen}" else ""
+        print(f"{name:>12} {t * 1e3:>9.1f} {med(honest[name]):>14.3f} "
+              f"{med(ratios[name]):>12.3f} {med(serial[name]):>7.3f} "
+              f"{med(same_run[name]) if same_run[name] else 0:>9.3f} "
+              f"{h2d[name] / 2**20:>13.1f} {ring}{mark}")
 
 
 if __name__ == "__main__":
