@@ -72,6 +72,7 @@ class Placed:
         self.host_store = host_store        # hoststore.HostStore: packed copies kept
         self.repoint = repoint              # shadow.Shadow.repoint (with host_store)
         self.host_pack_bytes = 0
+        self.resident_host: Dict[int, torch.Tensor] = {}   # id(group): packed host copy
         self.host_bytes = 0                 # params=disk: streamed blocks read into RAM once
         self.disk_bytes = 0                 # params=disk: streamed bytes read per forward
         self.disk_read_bytes = 0            # bytes read from the file for streamed blocks
@@ -314,6 +315,10 @@ class Placed:
 
     def _fill_resident(self, g: Group, buf: torch.Tensor) -> None:
         self.target.ledger.count_h2d(g.nbytes)
+        host = self.resident_host.get(id(g))
+        if host is not None:            # one copy from the packed (pinned) host copy
+            buf.copy_(host, non_blocking=buf.device.type == "cuda" and host.is_pinned())
+            return
         layout = self.disk_layouts.get(id(g))
         if layout is None:
             g.pack(buf, [self.rest[id(t)] for t in g.tensors])
@@ -399,8 +404,31 @@ class Placed:
 
     def release(self) -> None:
         """Drop resident blocks and slots from the device (before VAE decode, on unload);
-        the next forward loads them again."""
+        the next forward loads them again, each resident group in one copy from its
+        packed host copy (streamed blocks stream from theirs as before)."""
         self._unload()
+        self._pack_resident_host()
+
+    def _pack_resident_host(self) -> None:
+        """Resident groups that rest in host memory get one packed host buffer each
+        (pinned on CUDA within the cap; the host store's when there is one), which
+        becomes their resting copy: the tensors' former storage is let go, so RAM still
+        holds the weights once. Done at the first release, not at entry: a placement
+        that never releases pays no pack."""
+        for g in self.resident_groups:
+            if id(g) in self.resident_host or id(g) in self.disk_layouts:
+                continue
+            sources = [self.rest[id(t)] for t in g.tensors]
+            if any(s.device.type != "cpu" or s.is_meta for s in sources):
+                continue                # not host memory: nothing to pack from
+            host, packed = packed_host(g, sources, self.pool, self.host_store, self.repoint)
+            self.host_pack_bytes += packed
+            self.resident_host[id(g)] = host
+            g.bind(host)                # the module lets go of its former storage
+            for t, v in zip(g.tensors, g.views(host)):
+                self.rest[id(t)] = v
+            if packed and self.host_store is None:
+                give_back_freed_host_memory()
 
     # -- hooks ---------------------------------------------------------------------------
     def _attach(self) -> None:
