@@ -9,6 +9,9 @@ What it measures (best of --rounds, who goes first alternating per round):
                           into that same buffer
   engine, one at a time   the same with no reader threads, one preadv per run (how it
                           read before)
+  engine into ring slots  the block reader as the streamer uses it at depth 2: each
+                          block into its own offset of one ring-sized staging buffer
+                          (placement/layout.ring_layout), no extra copy
   ratio = engine bytes/s / plain bytes/s                  (target >= 0.90)
 then the same block by block: each engine read of a block paired with a plain read of
 the same byte range right next to it in time (order rotating), median of the ratios:
@@ -41,6 +44,7 @@ import torch
 from safetensors.torch import save_file
 
 from _common import flux, inventory, plan
+from comfyui_placement.placement.layout import ring_bytes, ring_layout
 from comfyui_placement.runtime import find_blocks, place
 from comfyui_placement.runtime.residency import Group
 from comfyui_placement.runtime.simdevice import Link
@@ -152,11 +156,15 @@ def main():
         buf = torch.empty(max(g.nbytes for g, _ in layouts), dtype=torch.uint8)
         buf.fill_(0)                      # touched once: no page faults in a timed read
         block_bytes = sum(g.nbytes for g, _ in layouts)
+        sizes = [g.nbytes for g, _ in layouts]
+        ring = ring_layout(sizes, ring_bytes(sizes, 2), 2)
+        staging = torch.zeros(ring.ring, dtype=torch.uint8)    # touched, like buf
 
-        def engine(f):
+        def engine(f, into_ring=False):
             def read():
-                for g, layout in layouts:
-                    f.read_runs(layout.runs, buf)
+                for (g, layout), off in zip(layouts, ring.offsets):
+                    f.read_runs(layout.runs, staging[off:off + g.nbytes] if into_ring
+                                else buf)
                 return block_bytes
             return read
 
@@ -171,9 +179,11 @@ def main():
             left.append(cached_fraction(path))
             cold.append(timed_cold(path, lambda: plain_read(path, buf)))
 
-        rows = {"plain sequential read": [], **{name: [] for name in files}}
+        rows = {"plain sequential read": [], **{name: [] for name in files},
+                "engine into ring slots": []}
         runs = [("plain sequential read", lambda: plain_read(path, buf))]
         runs += [(name, engine(f)) for name, f in files.items()]
+        runs.append(("engine into ring slots", engine(wf, into_ring=True)))
         for r in range(args.rounds):
             order = runs[r % len(runs):] + runs[:r % len(runs)]   # rotate who goes first
             for name, fn in order:
