@@ -94,6 +94,41 @@ def planner_depth(sizes, share):
     return depth, stalls, stall / step
 
 
+def block_times(model, blocks, step, n=6):
+    """Median compute seconds of each block over `n` resident steps, and of the rest of
+    the step (the lead): what ring_schedule needs to predict from measured compute."""
+    starts, seen = {}, []
+    hooks = []
+    for i, b in enumerate(blocks):
+        hooks.append(b.register_forward_pre_hook(
+            lambda m, a, i=i: starts.__setitem__(i, time.perf_counter())))
+        hooks.append(b.register_forward_hook(
+            lambda m, a, o, i=i: seen.append((i, time.perf_counter() - starts[i]))))
+    rows, leads = [], []
+    try:
+        for _ in range(n):
+            seen.clear()
+            t0 = time.perf_counter()
+            step()
+            total = time.perf_counter() - t0
+            row = [c for _, c in sorted(seen)]
+            rows.append(row)
+            leads.append(total - sum(row))
+    finally:
+        for h in hooks:
+            h.remove()
+    return [med([r[i] for r in rows]) for i in range(len(blocks))], med(leads)
+
+
+def predicted_stall(compute, lead, sizes, share, depth):
+    """ring_schedule's stall share with measured per-block compute."""
+    total = sum(sizes)
+    step_compute = lead + sum(compute)
+    transfer = [share * step_compute * s / total for s in sizes]
+    step, stall = ring_schedule(compute, transfer, sizes, depth, lead=lead)
+    return stall / step
+
+
 class CopyLoad:
     """The same copies at the same pace as streaming, never waited for: each block's
     pre-hook issues the next block's copy from a host copy of its bytes into its own
@@ -144,6 +179,7 @@ def measure(args, double, single):
         for _ in range(args.steps):
             run(model)
         compute0 = (time.perf_counter() - t0) / args.steps
+        per_block, lead = block_times(model, blocks, lambda: run(model))
     link = Link(bandwidth=streamed / (compute0 * args.transfer_share), latency=LATENCY)
 
     def modelled(lk):
@@ -232,16 +268,30 @@ def measure(args, double, single):
           " (streaming's own cost); vs resident = step / max(resident, transfer); "
           "serial = step / (resident + transfer); same-run = step / max(this run's step "
           "minus its waits on copies, transfer)")
+    spread = max(per_block) / min(per_block) - 1
+    print(f"predicted stall: 'plan' = ring_schedule as the planner runs it (equal compute "
+          f"per block); 'meas' = ring_schedule on the per-block compute measured here "
+          f"(blocks differ by up to {spread:.0%}; lead {lead * 1e3:.1f} ms)")
     print(f"{'variant':>12} {'ms/step':>9} {'vs res+copies':>14} {'vs resident':>12} "
-          f"{'serial':>7} {'same-run':>9} {'h2d MiB/step':>13} {'ring MiB':>9} {'ahead':>6}")
+          f"{'serial':>7} {'same-run':>9} {'plan':>6} {'meas':>6} {'h2d MiB/step':>13} "
+          f"{'ring MiB':>9} {'ahead':>6}")
     for name, _, placed in variants:
         t = med(times[name])
         st = placed.streamer
         ring = f"{st.ring_bytes / 2**20:9.1f} {min(st.ahead)}-{max(st.ahead):<4}" if st else ""
         mark = " <- planner" if name == f"depth {chosen}" else ""
+        pred = ""
+        if st is not None and st.depth > 0:
+            m = len(sizes)
+            plan_share = ring_schedule([1.0 / m] * m, [args.transfer_share * s / streamed
+                                                       for s in sizes], sizes, st.depth)
+            pred = (f"{plan_share[1] / plan_share[0]:>6.1%} "
+                    f"{predicted_stall(per_block, lead, sizes, args.transfer_share, st.depth):>6.1%}")
+        else:
+            pred = f"{'':>6} {'':>6}"
         print(f"{name:>12} {t * 1e3:>9.1f} {med(honest[name]):>14.3f} "
               f"{med(ratios[name]):>12.3f} {med(serial[name]):>7.3f} "
-              f"{med(same_run[name]) if same_run[name] else 0:>9.3f} "
+              f"{med(same_run[name]) if same_run[name] else 0:>9.3f} {pred} "
               f"{h2d[name] / 2**20:>13.1f} {ring}{mark}")
 
 
