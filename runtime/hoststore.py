@@ -38,11 +38,13 @@ def group_key(g: Group) -> Key:
 
 
 class _Entry:
-    __slots__ = ("buf", "expect", "pinned")
+    __slots__ = ("buf", "expect", "packed_from", "pinned")
 
-    def __init__(self, buf: torch.Tensor, expect: List[int], pinned: bool):
+    def __init__(self, buf: torch.Tensor, expect: List[int], packed_from: List[int],
+                 pinned: bool):
         self.buf = buf
         self.expect = expect        # data_ptr of each source tensor that makes it current
+        self.packed_from = packed_from  # ... and of the tensors it was packed from
         self.pinned = pinned
 
 
@@ -75,8 +77,11 @@ class HostStore:
         key = group_key(g)
         ptrs = [s.data_ptr() for s in sources]
         e = self._entries.get(key)
-        if e is not None and e.expect == ptrs and all(s.device.type == "cpu" for s in sources):
-            return e.buf, 0
+        if e is not None and all(s.device.type == "cpu" for s in sources):
+            if e.expect == ptrs:
+                return e.buf, 0
+            if e.packed_from == ptrs:   # still the storage it was packed from (a batch
+                return e.buf, 0         # device's copy made before the pack): same bytes
         self._entries.pop(key, None)
         buf, pinned = alloc(g.nbytes)
         g.pack(buf, sources)
@@ -86,7 +91,7 @@ class HostStore:
                 if repoint(t, v):
                     expect[i] = v.data_ptr()
             give_back_freed_host_memory()
-        self._entries[key] = _Entry(buf, expect, pinned)
+        self._entries[key] = _Entry(buf, expect, list(ptrs), pinned)
         self.packed_bytes += g.nbytes
         return buf, g.nbytes
 

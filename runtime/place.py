@@ -411,9 +411,9 @@ class Placed:
 
     def _pack_resident_host(self) -> None:
         """Resident groups that rest in host memory get one packed host buffer each
-        (pinned on CUDA within the cap; the host store's when there is one), which
-        becomes their resting copy: the tensors' former storage is let go, so RAM still
-        holds the weights once. Done at the first release, not at entry: a placement
+        (pinned on CUDA within the cap; with a host store the store's, pageable, so the
+        caller's tensors can be pointed into it), which becomes their resting copy: the
+        tensors' former storage is let go, so RAM still holds the weights once. Done at the first release, not at entry: a placement
         that never releases pays no pack."""
         for g in self.resident_groups:
             if id(g) in self.resident_host or id(g) in self.disk_layouts:
@@ -421,7 +421,12 @@ class Placed:
             sources = [self.rest[id(t)] for t in g.tensors]
             if any(s.device.type != "cpu" or s.is_meta for s in sources):
                 continue                # not host memory: nothing to pack from
-            host, packed = packed_host(g, sources, self.pool, self.host_store, self.repoint)
+            if self.host_store is not None:     # pageable: the caller's tensors are
+                host, packed = self.host_store.host_for(   # pointed into it, one copy
+                    g, sources, lambda n: (torch.empty(n, dtype=torch.uint8), False),
+                    self.repoint)
+            else:
+                host, packed = packed_host(g, sources, self.pool, None)
             self.host_pack_bytes += packed
             self.resident_host[id(g)] = host
             g.bind(host)                # the module lets go of its former storage

@@ -134,3 +134,28 @@ def test_reload_after_release_is_one_copy_per_resident_group(tiny, run_model, pl
         assert torch.equal(run_model(model, inp), ref)
     assert sum(storages(list(model.parameters()) + list(model.buffers())).values()) == total
     assert torch.equal(run_model(model, inp), ref)
+
+
+def test_batch_parallel_reload_keeps_one_host_copy(tiny, run_model, sim_inventory):
+    """Two devices' placements of one module (batch parallel, every group resident):
+    after release() the first packs each group once (the store's pageable buffer, the
+    module pointed into it); the second finds the same buffer instead of packing its
+    own, so RAM still holds the weights once and both reload from it."""
+    from comfyui_placement.runtime.parallel import place_batch
+    model, inp = tiny("wan")
+    total = model_bytes(model)
+    devs = [DevicePlan(d, "gpu", 256 << 20, 256 << 20, None) for d in ("cuda0", "cuda1")]
+    plan = Plan(devs, {"diffusion": ComponentPlan("diffusion", ["cuda0", "cuda1"], "cpu",
+                                                  parallel="batch")})
+    ref = run_model(model, inp)
+    with place_batch(model, plan, "diffusion", sim_inventory) as placed:
+        assert torch.equal(run_model(model, inp), ref)
+        placed.release()
+        per = placed.placed
+        assert per[0].host_pack_bytes == total and per[1].host_pack_bytes == 0
+        held = storages(list(model.parameters()) + list(model.buffers()) +
+                        [v for p in per for v in p.rest.values()])
+        assert sum(held.values()) == total
+        assert torch.equal(run_model(model, inp), ref)
+    assert sum(storages(list(model.parameters()) + list(model.buffers())).values()) == total
+    assert torch.equal(run_model(model, inp), ref)
