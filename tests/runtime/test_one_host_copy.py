@@ -4,7 +4,6 @@ while placed and after), and a reload after release() brings each streamed block
 from its packed copy in one copy."""
 import torch
 
-from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
 from comfyui_placement.runtime.blocks import find_blocks
 from comfyui_placement.runtime.place import place
