@@ -186,7 +186,11 @@ def test_no_plan_exceeds_a_budget_and_explicit_choices_are_kept(data):
         if choice.params is not None:
             assert cp.params == choice.params
         if choice.split_mode is not None:
-            assert cp.split_mode == choice.split_mode
+            # the one exception, said in a warning (issue 10 item 3): a row split that
+            # cannot hold the component streams as a layer split over the same GPUs
+            fell_back = any(w.startswith(f"{comp}: split_mode row asked") for w in plan.warnings)
+            assert cp.split_mode == choice.split_mode or (
+                choice.split_mode == "row" and cp.split_mode == "layer" and fell_back)
         if mode == "none" and choice.params is None and choice.runtime != ["cpu"] and gpus:
             assert cp.params not in ("cpu", "disk") and cp.stream is None
         if mode == "sequential" and cp.stream is not None:
