@@ -1,5 +1,5 @@
 """benchmarks/stream_overlap.py runs end to end on a tiny model: both block mixes, the
-planner's depth marked, the same-condition denominator present, and each streamed step
+planner's depth marked, the copy-load row present, and each streamed step
 copying exactly the streamed bytes (a benchmark that stops running, or whose streamed
 rows copy more or less than one step's blocks, fails here)."""
 import re
