@@ -2,10 +2,12 @@
 hop at range boundaries) and row split (large Linear weights sharded by output rows).
 
 `place_split(module, plan, component, inventory, **options)` is what place() runs for a
-plan whose runtime lists more than one device. See docs/split.md.
+plan whose runtime lists more than one device; parallel "pipeline" gives the pipelined
+layer split (pipeline.py; option shares=N). See docs/split.md.
 """
 from ...placement.errors import PlacementError
 from .layer import LayerSplit
+from .pipeline import PipelinedSplit
 from .row import RowSplit, fallback_warning
 
 SPLIT_MODES = ("layer", "row")
@@ -26,14 +28,20 @@ def place_split(module, plan, component: str, inventory, **options):
     if comp.split_mode not in SPLIT_MODES:
         raise PlacementError(f"{component}: invalid split mode {comp.split_mode!r}; expected "
                              f"layer or row")
+    pipeline = getattr(comp, "parallel", "none") == "pipeline"
     if comp.split_mode == "row":
+        if pipeline:
+            raise PlacementError(f"{component}: parallel pipeline runs a layer split's "
+                                 f"stages; use split_mode=layer (row split has no stages)")
         if comp.stream is not None:
             raise PlacementError(f"{component}: row split does not stream; use split_mode="
                                  f"layer with stream_layers, or turn streaming off")
         if RowSplit.applies(module, options.get("blocks")):
             return RowSplit(module, plan, component, inventory, **options)
         fallback_warning(component, module)
+    if pipeline:
+        return PipelinedSplit(module, plan, component, inventory, **options)
     return LayerSplit(module, plan, component, inventory, **options)
 
 
-__all__ = ["place_split", "LayerSplit", "RowSplit", "SPLIT_MODES"]
+__all__ = ["place_split", "LayerSplit", "PipelinedSplit", "RowSplit", "SPLIT_MODES"]

@@ -52,6 +52,7 @@ def streamed_split(sizes: List[int], room: int, depth: int):
 
 class LayerSplit(SplitBase):
     mode = "layer"
+    _pipelined = False      # pipeline.py: a forward's shares end each stage's ring forward
 
     def _prepare(self) -> None:
         if self.lora is not None:
@@ -288,8 +289,9 @@ class LayerSplit(SplitBase):
         return output
 
     def _root_post(self, module, args, output):
-        for s in self.streamers:
-            s.end_forward()
+        if not self._pipelined:
+            for s in self.streamers:
+                s.end_forward()
         for t in self.targets:
             t.ledger.set_activations(0)
         copies = self.mover.copies

@@ -10,6 +10,7 @@ tensor is host memory, so copies and block outputs carry a tag (an attribute nam
 the device index); an untagged tensor is on the main device, where the module's
 own (non-block) code runs.
 """
+import threading
 from typing import List, Sequence
 
 import torch
@@ -33,12 +34,37 @@ class Mover:
             self._index = {}
             for i, t in enumerate(targets):
                 self._index.setdefault(t.device, i)
-        self.cache = [{} for _ in range(n)]
-        self.cache_bytes = [0] * n
+        # the per-forward state is per thread: a pipelined split (pipeline.py) runs its
+        # shares' forwards on threads at once, each with its own copies
+        self._local = threading.local()
+        self._count = threading.Lock()
         self.copies = 0
         self.bytes = 0
         self.seconds = 0.0        # modelled link time (simulated devices)
-        self.served = 0           # bytes handed out as copies by the current bring()
+
+    def _state(self):
+        s = self._local
+        if not hasattr(s, "cache"):
+            s.cache = [{} for _ in range(self.n)]
+            s.cache_bytes = [0] * self.n
+            s.served = 0          # bytes handed out as copies by the current bring()
+        return s
+
+    @property
+    def cache(self):
+        return self._state().cache
+
+    @property
+    def cache_bytes(self):
+        return self._state().cache_bytes
+
+    @property
+    def served(self) -> int:
+        return self._state().served
+
+    @served.setter
+    def served(self, v: int) -> None:
+        self._state().served = v
 
     # -- location ---------------------------------------------------------------------
     def where(self, t: torch.Tensor):
@@ -69,10 +95,12 @@ class Mover:
         hop = self.hop[src][d] if src >= 0 else None
         out = hop(t) if hop is not None else t.to(self.keys[d])
         n = tensor_bytes(t)
-        self.copies += 1
-        self.bytes += n
+        with self._count:
+            self.copies += 1
+            self.bytes += n
+            if self.simulated:
+                self.seconds += self.link.seconds(n)
         if self.simulated:
-            self.seconds += self.link.seconds(n)
             if d:                         # untagged means main: outputs stay clean
                 setattr(out, self.tag, d)
         return out
@@ -82,12 +110,13 @@ class Mover:
         if isinstance(x, torch.Tensor):
             if self.where(x) == self.keys[d]:
                 return x
-            hit = self.cache[d].get(id(x))
+            s = self._state()
+            hit = s.cache[d].get(id(x))
             if hit is None:
                 hit = (x, self.copy_to(x, d))
-                self.cache[d][id(x)] = hit
-                self.cache_bytes[d] += tensor_bytes(x)
-            self.served += tensor_bytes(x)
+                s.cache[d][id(x)] = hit
+                s.cache_bytes[d] += tensor_bytes(x)
+            s.served += tensor_bytes(x)
             return hit[1]
         if isinstance(x, (tuple, list)):
             new = [self.bring(v, d) for v in x]
@@ -102,6 +131,7 @@ class Mover:
         return x
 
     def end_forward(self) -> None:
-        for c in self.cache:
+        s = self._state()
+        for c in s.cache:
             c.clear()
-        self.cache_bytes = [0] * self.n
+        s.cache_bytes = [0] * self.n

@@ -1,0 +1,221 @@
+"""Pipelined layer split: a forward's batch is cut into shares that flow through the
+stages (the devices' block ranges) one behind the other, so stage 2 computes share 1
+while stage 1 computes share 2.
+
+The component plan has parallel "pipeline", split_mode layer and two or more runtime
+devices. The engine is a LayerSplit (same ranges, residency, streaming, hops, stats)
+whose module forward is overridden while placed: a batch of 2 or more is cut
+(parallel/shares.py) into `shares` contiguous shares (default: one per item), each run
+by the module's own forward on its own thread. A turnstile per stage lets share s
+enter stage k only after share s-1 left it, so every stage computes the shares in
+order (a streamed stage's ring serves them as consecutive forwards) and different
+stages work at once. A batch of 1 runs as the plain layer split, in the caller's thread.
+
+The root hooks run once for the whole batch (load, inputs to the main device, output
+back); per-forward copies of activations are per thread (moves.Mover). The first error
+of any share is raised (later ones as notes); the other shares are stopped at their
+next stage boundary and joined before it is raised, also on KeyboardInterrupt.
+"""
+import contextlib
+import threading
+import time
+from functools import partial
+from typing import List, Optional
+
+import torch
+
+from ...placement.errors import PlacementError
+from ..parallel.batch import _autocast_now
+from ..parallel.shares import batch_size, cut, gather, share_counts
+from .layer import LayerSplit
+
+
+class _Stopped(BaseException):
+    """Raised in a share's thread when another share failed: unwinds it quietly."""
+
+
+class PipelinedSplit(LayerSplit):
+    mode = "layer"
+
+    def __init__(self, module, plan, component, inventory, *, shares: Optional[int] = None,
+                 **options):
+        if shares is not None and int(shares) < 1:
+            raise PlacementError(f"{component}: shares must be >= 1, got {shares}")
+        self.max_shares = None if shares is None else int(shares)
+        super().__init__(module, plan, component, inventory, **options)
+        self.pipeline_forwards = 0
+        self.last_shares = 0
+        self._gate = threading.Condition()
+        self._turn: List[int] = []
+        self._abort = False
+        self._share = threading.local()
+        self._override = False
+
+    # -- hooks ------------------------------------------------------------------------
+    def _attach(self) -> None:
+        owner = self.owner
+        starts = [i for i in range(len(owner)) if i == 0 or owner[i] != owner[i - 1]]
+        self.stage_starts = starts
+        self.stage_device = [owner[i] for i in starts]
+        by_device = {s.target.name: s for s in self.streamers}
+        self.stage_streamer = [by_device.get(self.targets[d].name) for d in self.stage_device]
+        # gates first: they must run before the split's and the streamer's pre-hooks
+        for k, i in enumerate(starts):
+            block = self.block_modules[i]
+            self._handles.append(block.register_forward_pre_hook(partial(self._enter, k)))
+        super()._attach()
+        last = self.block_modules[-1]
+        self._handles.append(last.register_forward_hook(partial(self._leave_last,
+                                                                 len(starts) - 1)))
+        self._install()
+
+    def _detach(self) -> None:
+        self._uninstall()
+        super()._detach()
+
+    def _install(self) -> None:
+        d = self.module.__dict__
+        self._had_forward = "forward" in d
+        self._saved_forward = d.get("forward")
+        self._inner = self.module.forward           # the module's own (bound) forward
+        self.module.forward = self._forward
+        self._override = True
+
+    def _uninstall(self) -> None:
+        if not self._override:
+            return
+        if self._had_forward:
+            self.module.forward = self._saved_forward
+        else:
+            del self.module.__dict__["forward"]
+        self._override = False
+
+    def _enter(self, k: int, module, args) -> None:
+        s = getattr(self._share, "index", None)
+        if s is None:                               # a plain (batch 1) forward
+            return None
+        if k > 0:
+            self._release(k - 1, s)
+        with self._gate:
+            while self._turn[k] != s and not self._abort:
+                self._gate.wait()
+            if self._abort:
+                raise _Stopped()
+        streamer = self.stage_streamer[k]
+        if streamer is not None:
+            streamer.begin_forward()
+        return None
+
+    def _release(self, k: int, s: int) -> None:
+        streamer = self.stage_streamer[k]
+        if streamer is not None:
+            streamer.end_forward()                  # this share's pass through the ring
+        with self._gate:
+            self._turn[k] = s + 1
+            self._gate.notify_all()
+
+    def _leave_last(self, k: int, module, args, output):
+        s = getattr(self._share, "index", None)
+        if s is not None:
+            self._release(k, s)
+        return None
+
+    # -- the forward --------------------------------------------------------------------
+    def _forward(self, *args, **kwargs):
+        batch = batch_size(args, kwargs)
+        if not batch or batch < 2:
+            return self._inner(*args, **kwargs)
+        n = min(batch, self.max_shares or batch)
+        if n < 2:
+            return self._inner(*args, **kwargs)
+        counts = share_counts(batch, [1.0] * n)
+        bounds, start = [], 0
+        for c in counts:
+            bounds.append((start, start + c))
+            start += c
+        self._turn = [0] * len(self.stage_starts)
+        self._abort = False
+        self._pipelined = True
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _autocast_now())
+        outputs: List = [None] * n
+        errors: List[tuple] = []
+        lock = threading.Lock()
+
+        def run(s: int, a: int, b: int) -> None:
+            self._share.index = s
+            try:
+                grad, inference, autocast = modes
+                with torch.inference_mode(inference), torch.set_grad_enabled(grad), \
+                        contextlib.ExitStack() as stack:
+                    for device_type, dtype in autocast:
+                        stack.enter_context(torch.autocast(device_type, dtype=dtype))
+                    main = self.targets[0]
+                    if main.is_cuda:
+                        stack.enter_context(torch.cuda.device(main.device))
+                    outputs[s] = self._inner(*cut(args, batch, a, b),
+                                             **cut(kwargs, batch, a, b))
+            except _Stopped:
+                pass
+            except BaseException as e:              # noqa: B902 - re-raised by the caller
+                with lock:
+                    errors.append((time.perf_counter(), s, e))
+                self._stop()
+            finally:
+                self.mover.end_forward()            # this thread's copies
+                self._share.index = None
+
+        threads = [threading.Thread(target=run, args=(s, a, b), daemon=True,
+                                    name=f"pipeline share {s}")
+                   for s, (a, b) in enumerate(bounds)]
+        interrupt = None
+        try:
+            for t in threads:
+                t.start()
+        except BaseException as exc:                # noqa: B902 - raised below
+            interrupt = exc
+            self._stop()
+        for t in threads:
+            while t.is_alive():
+                try:
+                    t.join()
+                except BaseException as exc:        # an interrupt while waiting: stop all
+                    interrupt = interrupt or exc
+                    self._stop()
+        if interrupt is not None:
+            errors.append((time.perf_counter(), -1, interrupt))
+        if errors:
+            self._after_error()
+            errors.sort(key=lambda e: (e[0], e[1]))
+            first = errors[0][2]
+            for _, s, later in errors[1:]:
+                if later is not first and hasattr(first, "add_note"):
+                    first.add_note(f"pipelined split: share {s} also failed: {later!r}")
+            raise first
+        self.pipeline_forwards += 1
+        self.last_shares = n
+        main = None if self.mover.simulated else self.targets[0].device
+        return gather(outputs, main)
+
+    def _stop(self) -> None:
+        with self._gate:
+            self._abort = True
+            self._gate.notify_all()
+
+    def _after_error(self) -> None:
+        """The root post-hook will not run: activations off the ledgers, rings reset at
+        the next forward's begin (as after a plain forward that raised)."""
+        self._pipelined = False
+        for t in self.targets:
+            t.ledger.set_activations(0)
+
+    def _root_post(self, module, args, output):
+        try:
+            return super()._root_post(module, args, output)
+        finally:
+            self._pipelined = False     # the shares ended the rings' forwards themselves
+
+    def _more_stats(self) -> dict:
+        out = super()._more_stats()
+        out["pipeline"] = {"shares": getattr(self, "last_shares", 0),
+                           "forwards": getattr(self, "pipeline_forwards", 0)}
+        return out

@@ -1,0 +1,199 @@
+"""Pipelined layer split on simulated devices: shares of a batch flow through the stages
+one behind the other; outputs equal the shares run one after the other through the plain
+split, batch 1 is the plain split, errors and interrupts leave the module as it was."""
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+
+from comfyui_placement.placement.devices import Inventory
+from comfyui_placement.placement.errors import PlacementError
+from comfyui_placement.runtime.blocks import find_blocks
+from comfyui_placement.runtime.split import PipelinedSplit, place_split
+
+from test_split_layer import INVENTORY, T5Like, assert_restored, snapshot, split_plan
+
+
+def pipe_plan(*args, **kwargs):
+    plan = split_plan(*args, **kwargs)
+    plan.components["diffusion"] = replace(plan.components["diffusion"], parallel="pipeline")
+    return plan
+
+
+def model_and_ids(batch=4, n=12):
+    torch.manual_seed(0)
+    return T5Like(n=n, width=64).eval(), torch.randint(0, 20, (batch, 6))
+
+
+def plain_by_shares(model, plan, ids, counts):
+    """The shares one after the other through the plain layer split."""
+    plain = split_plan(plan.components["diffusion"].runtime, [8 << 20] * 3,
+                       params=plan.components["diffusion"].params,
+                       blocks=plan.components["diffusion"].blocks)
+    outs, start = [], 0
+    with place_split(model, plain, "diffusion", Inventory.simulated(INVENTORY)):
+        for c in counts:
+            with torch.no_grad():
+                outs.append(model(ids[start:start + c]))
+            start += c
+    return torch.cat(outs)
+
+
+def split_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("pipeline share")]
+
+
+@pytest.mark.parametrize("ndev", [2, 3])
+def test_pipelined_equals_shares_through_plain_split(ndev):
+    model, ids = model_and_ids(batch=4)
+    with torch.no_grad():
+        whole = model(ids)
+    snap = snapshot(model)
+    runtime = ["cuda0", "cuda1", "cuda2"][:ndev]
+    plan = pipe_plan(runtime, [8 << 20] * ndev)
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
+        assert isinstance(placed, PipelinedSplit)
+        with torch.no_grad():
+            out = model(ids)
+            out2 = model(ids)
+        s = placed.stats()
+    assert_restored(model, snap)
+    assert torch.equal(out, out2)
+    assert torch.allclose(out, whole, atol=1e-5)
+    blocks = {k: v for k, v in s["ranges"].items()}
+    plain = plain_by_shares(model, replace_blocks(plan, blocks), ids, [1, 1, 1, 1])
+    assert torch.equal(out, plain)
+    assert s["pipeline"] == {"shares": 4, "forwards": 2}
+    assert s["forwards"] == 2 and len(s["ranges"]) == ndev
+    assert s["hops"] == 2 * 4 * ndev           # every share enters each range and comes back
+    for dev in placed.stats()["devices"].values():
+        assert dev["resident_bytes"] == 0 and dev["peak_bytes"] <= dev["capacity_bytes"]
+    assert not split_threads()
+
+
+def replace_blocks(plan, blocks):
+    plan.components["diffusion"] = replace(plan.components["diffusion"], blocks=blocks)
+    return plan
+
+
+def test_stages_overlap_and_run_shares_in_order():
+    """Each stage sees the shares in order; stage 2 runs share 0 while stage 1 runs share 1."""
+    model, ids = model_and_ids(batch=3)
+    plan = pipe_plan(["cuda0", "cuda1"], [8 << 20] * 2,
+                     blocks={"cuda0": [0, 5], "cuda1": [6, 11]})
+    blocks = [b for _, b in find_blocks(model)]
+    log, lock = [], threading.Lock()
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)):
+        def pre(i, module, args):
+            with lock:
+                log.append((i, args[0].shape[0], threading.current_thread().name))
+        hs = [b.register_forward_pre_hook(lambda m, a, i=i: pre(i, m, a))
+              for i, b in enumerate(blocks)]
+        try:
+            with torch.no_grad():
+                model(ids)
+        finally:
+            for h in hs:
+                h.remove()
+    for i in range(len(blocks)):
+        order = [name for j, _, name in log if j == i]
+        assert order == [f"pipeline share {s}" for s in range(3)]
+    # share 1 entered stage 1 before share 0 left stage 2 (the stages overlap)
+    first_s1 = log.index((0, 1, "pipeline share 1"))
+    last_s0 = log.index((11, 1, "pipeline share 0"))
+    assert first_s1 < last_s0
+
+
+def test_batch_one_is_the_plain_split_bit_equal():
+    model, ids = model_and_ids(batch=1)
+    with torch.no_grad():
+        ref = model(ids)
+    plan = pipe_plan(["cuda0", "cuda1"], [8 << 20] * 2)
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
+        with torch.no_grad():
+            out = model(ids)
+    assert torch.equal(out, ref)
+    assert placed.stats()["pipeline"] == {"shares": 0, "forwards": 0}
+
+
+def test_streamed_stage():
+    model, ids = model_and_ids(batch=4)
+    with torch.no_grad():
+        whole = model(ids)
+    size = sum(p.numel() * 4 for p in model.block[1].parameters())
+    budget = 2 * size + 64 * 1024
+    plan = pipe_plan(["cuda0", "cuda1"], [8 << 20, budget], params="cpu", stream=(0, 1),
+                     blocks={"cuda0": [0, 5], "cuda1": [6, 11]})
+    snap = snapshot(model)
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
+        with torch.no_grad():
+            outs = [model(ids) for _ in range(3)]
+        s = placed.stats()
+    assert_restored(model, snap)
+    streamed = s["streamed_blocks"]["cuda1"]
+    assert 0 < streamed <= 6
+    plain = plain_by_shares(model, pipe_plan(["cuda0", "cuda1"], [8 << 20] * 2,
+                                             blocks={"cuda0": [0, 5], "cuda1": [6, 11]}),
+                            ids, [1, 1, 1, 1])
+    for out in outs:
+        assert torch.equal(out, plain) and torch.allclose(out, whole, atol=1e-5)
+    cuda1 = s["devices"]["cuda1"]
+    assert cuda1["peak_bytes"] <= cuda1["capacity_bytes"]
+    assert cuda1["h2d_bytes"] >= 3 * 4 * streamed * size   # the ring served every share
+
+
+@pytest.mark.parametrize("kind", [RuntimeError, KeyboardInterrupt])
+def test_error_in_stage_two_of_share_one(kind):
+    model, ids = model_and_ids(batch=4)
+    with torch.no_grad():
+        whole = model(ids)
+    snap = snapshot(model)
+    plan = pipe_plan(["cuda0", "cuda1"], [8 << 20] * 2,
+                     blocks={"cuda0": [0, 5], "cuda1": [6, 11]})
+    armed = [True]
+
+    def boom(module, args):
+        if armed[0] and threading.current_thread().name == "pipeline share 1":
+            armed[0] = False
+            raise kind("injected")
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
+        h = model.block[8].register_forward_pre_hook(boom)
+        with pytest.raises(kind, match="injected") as info:
+            with torch.no_grad():
+                model(ids)
+        assert "forward" in model.__dict__          # still placed
+        with torch.no_grad():
+            again = model(ids)                      # next run correct
+        h.remove()
+        for dev in placed.stats()["devices"].values():
+            assert dev["activation_bytes"] == 0 if "activation_bytes" in dev else True
+    assert info.value is not None
+    assert torch.allclose(again, whole, atol=1e-5)
+    assert_restored(model, snap)
+    for dev in placed.stats()["devices"].values():
+        assert dev["resident_bytes"] == 0
+    assert not split_threads()
+
+
+def test_row_split_with_pipeline_is_refused():
+    model, _ = model_and_ids()
+    plan = pipe_plan(["cuda0", "cuda1"], [8 << 20] * 2, mode="row")
+    with pytest.raises(PlacementError, match="use split_mode=layer"):
+        place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY))
+
+
+def test_flux_tiny_batch_two(tiny, run_model):
+    model, inp = tiny("flux")
+    torch.manual_seed(1)
+    inp = dict(inp, hidden_states=torch.randn(2, 16, 8),
+               encoder_hidden_states=torch.randn(2, 8, 32),
+               pooled_projections=torch.randn(2, 16), timestep=torch.tensor([0.5, 0.7]))
+    whole = run_model(model, inp)
+    snap = snapshot(model)
+    plan = pipe_plan(["cuda0", "cuda1"], [8 << 20] * 2)
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
+        out = run_model(model, inp)
+    assert_restored(model, snap)
+    assert placed.stats()["pipeline"]["shares"] == 2
+    assert torch.allclose(out, whole, atol=1e-5)
