@@ -91,33 +91,44 @@ class PipelinedSplit(LayerSplit):
         self._override = False
 
     def _enter(self, k: int, module, args) -> None:
-        s = getattr(self._share, "index", None)
+        share = self._share
+        s = getattr(share, "index", None)
         if s is None:                               # a plain (batch 1) forward
             return None
-        if k > 0:
-            self._release(k - 1, s)
+        self._pass_before(k, s)
         with self._gate:
-            while self._turn[k] != s and not self._abort:
+            # `<`, not `!=`: a share that meets a stage again (a block run twice) must
+            # not wait for itself
+            while self._turn[k] < s and not self._abort:
                 self._gate.wait()
             if self._abort:
                 raise _Stopped()
-        streamer = self.stage_streamer[k]
-        if streamer is not None:
-            streamer.begin_forward()
+        if k not in share.entered:
+            share.entered.add(k)
+            streamer = self.stage_streamer[k]
+            if streamer is not None:
+                streamer.begin_forward()
         return None
 
-    def _release(self, k: int, s: int) -> None:
-        streamer = self.stage_streamer[k]
-        if streamer is not None:
-            streamer.end_forward()                  # this share's pass through the ring
+    def _pass_before(self, k: int, s: int) -> None:
+        """Share s is past every stage before k (also one whose blocks it skipped):
+        the next share may enter them."""
+        held = [j for j in range(k) if self._turn[j] <= s]
+        if not held:
+            return
+        for j in held:
+            streamer = self.stage_streamer[j]
+            if streamer is not None and j in self._share.entered:
+                streamer.end_forward()              # this share's pass through the ring
         with self._gate:
-            self._turn[k] = s + 1
+            for j in held:
+                self._turn[j] = max(self._turn[j], s + 1)
             self._gate.notify_all()
 
     def _leave_last(self, k: int, module, args, output):
         s = getattr(self._share, "index", None)
         if s is not None:
-            self._release(k, s)
+            self._pass_before(k + 1, s)
         return None
 
     # -- the forward --------------------------------------------------------------------
@@ -143,6 +154,7 @@ class PipelinedSplit(LayerSplit):
 
         def run(s: int, a: int, b: int) -> None:
             self._share.index = s
+            self._share.entered = set()
             try:
                 grad, inference, autocast = modes
                 with torch.inference_mode(inference), torch.set_grad_enabled(grad), \
@@ -161,6 +173,8 @@ class PipelinedSplit(LayerSplit):
                     errors.append((time.perf_counter(), s, e))
                 self._stop()
             finally:
+                if not self._abort:                 # stages this share did not reach
+                    self._pass_before(len(self._turn), s)
                 self.mover.end_forward()            # this thread's copies
                 self._share.index = None
 

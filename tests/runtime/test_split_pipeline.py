@@ -166,8 +166,14 @@ def test_error_in_stage_two_of_share_one(kind):
         with torch.no_grad():
             again = model(ids)                      # next run correct
         h.remove()
-        for dev in placed.stats()["devices"].values():
-            assert dev["activation_bytes"] == 0 if "activation_bytes" in dev else True
+        with pytest.raises(kind):
+            armed[0] = True
+            h = model.block[8].register_forward_pre_hook(boom)
+            with torch.no_grad():
+                model(ids)
+        h.remove()
+        assert all(t.ledger.held["activations"] == 0 for t in placed.targets)
+        assert not split_threads()
     assert info.value is not None
     assert torch.allclose(again, whole, atol=1e-5)
     assert_restored(model, snap)
