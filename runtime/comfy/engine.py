@@ -189,6 +189,9 @@ class EngineSession:
     def open(self, module) -> None:
         options = self.place_options(module)
         cp = self.plan.components[self.component]
+        if cp.parallel == "pipeline":        # shares cut transformer_options by meaning
+            from .batch_parallel import cut_comfy_inputs
+            options["cut_inputs"] = cut_comfy_inputs
         shadow = Shadow(module)              # the engine places a copy, never `module`
         # row split: ComfyUI's LoRA patches on the sharded Linears go in as lora= (row_lora)
         with row_lora_options(shadow.module, cp) as lora_options:

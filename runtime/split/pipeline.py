@@ -20,13 +20,13 @@ import contextlib
 import threading
 import time
 from functools import partial
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 
 from ...placement.errors import PlacementError
-from ..parallel.batch import _autocast_now
-from ..parallel.shares import batch_size, cut, gather, share_counts
+from ..parallel.batch import _autocast_now, cut_all
+from ..parallel.shares import batch_size, gather, share_counts
 from .layer import LayerSplit
 
 
@@ -38,10 +38,13 @@ class PipelinedSplit(LayerSplit):
     mode = "layer"
 
     def __init__(self, module, plan, component, inventory, *, shares: Optional[int] = None,
-                 **options):
+                 cut_inputs: Optional[Callable] = None, **options):
         if shares is not None and int(shares) < 1:
             raise PlacementError(f"{component}: shares must be >= 1, got {shares}")
         self.max_shares = None if shares is None else int(shares)
+        # (args, kwargs, batch, start, stop) -> a share's (args, kwargs); ComfyUI's engine
+        # passes the cut that knows transformer_options (comfy/batch_parallel.py)
+        self.cut_inputs = cut_inputs or cut_all
         super().__init__(module, plan, component, inventory, **options)
         self.pipeline_forwards = 0
         self.last_shares = 0
@@ -164,8 +167,8 @@ class PipelinedSplit(LayerSplit):
                     main = self.targets[0]
                     if main.is_cuda:
                         stack.enter_context(torch.cuda.device(main.device))
-                    outputs[s] = self._inner(*cut(args, batch, a, b),
-                                             **cut(kwargs, batch, a, b))
+                    share_args, share_kwargs = self.cut_inputs(args, kwargs, batch, a, b)
+                    outputs[s] = self._inner(*share_args, **share_kwargs)
             except _Stopped:
                 pass
             except BaseException as e:              # noqa: B902 - re-raised by the caller
