@@ -22,7 +22,13 @@ Assumptions, printed with the figures:
 Variants are timed in alternating rounds so machine noise hits all; times are medians,
 speedups the median of the per-round ratios.
 
+- The pipelined table: a layer split over 2 devices holding half the blocks each, the
+  plain split (one stage at a time) against the pipelined one (parallel pipeline: the
+  batch's items flow through the stages one behind the other), and one device streaming
+  the whole model; same modelled compute, its assumptions printed with it.
+
     python benchmarks/multi_gpu.py [--rounds 5] [--batch 2] [--item-ms 2]
+    python benchmarks/multi_gpu.py --only-pipeline [--pipeline-batches 2 4]
 """
 import argparse
 import copy
@@ -223,6 +229,57 @@ def real_table(args):
           "interleaved with the rounds: the parallelism the shared cores gave at the time")
 
 
+def split_plan(devices, parallel, depth):
+    """Two devices, each holding half the blocks resident (a layer split)."""
+    half = depth // 2
+    devs = [DevicePlan(d, "gpu", 64 << 30, 64 << 30, None) for d in devices]
+    cp = ComponentPlan("diffusion", list(devices), devices[0], split_mode="layer",
+                       parallel=parallel,
+                       blocks={devices[0]: [0, half - 1], devices[1]: [half, depth - 1]})
+    return Plan(devs, {"diffusion": cp})
+
+
+def pipelined_table(args):
+    """Pipelined layer split vs the plain layer split vs one device streaming the whole
+    model, with the modelled compute of the first table."""
+    item_s = args.item_ms / 1e3
+    model = KernelModel(args.width, args.depth, item_s).eval()
+    block_bytes = sum(p.numel() * p.element_size() for p in model.blocks[0].parameters())
+    names = [f"cuda{i}" for i in range(8)]
+    inv = inventory(",".join(f"{n}=64GiB" for n in names))
+    print(f"== pipelined layer split: {args.depth} blocks, half on each of 2 devices "
+          f"(resident), {args.item_ms:g} ms per item per block (modelled kernel time); "
+          f"one device streams all blocks (K=0, depth 1) over a link with T = C/4 (its "
+          f"copies hide under compute); shares = batch (one item each); {args.rounds} "
+          f"rounds interleaved, median; speedup: median of per-round ratios")
+    print("ideal pipelined vs plain: 2b / (b + 1) for b shares over 2 stages (the first "
+          "and last share leave one stage idle); plain split = one device's compute")
+    print(f"{'batch':>5} {'1 dev stream ms':>16} {'plain split ms':>15} {'pipelined ms':>13}"
+          f" {'pipe/plain':>11} {'pipe/1 dev':>11} {'ideal':>6}")
+    for batch in args.pipeline_batches:
+        x = torch.randn(batch, args.tokens, args.width)
+        compute = item_s * batch * args.depth
+        link = Link(bandwidth=block_bytes * args.depth / (0.25 * compute), latency=20e-6)
+        dev = iter(names)
+        m0, m1, m2 = (copy.deepcopy(model) for _ in range(3))
+        one = next(dev)
+        variants = [
+            ("one", m0, place(m0, plan_for([one], "cpu", (0, 1)), "diffusion", inv,
+                              link=link)),
+            ("plain", m1, place(m1, split_plan([next(dev), next(dev)], "none", args.depth),
+                                "diffusion", inv)),
+            ("pipe", m2, place(m2, split_plan([next(dev), next(dev)], "pipeline",
+                                              args.depth), "diffusion", inv))]
+
+        def call(m):
+            with torch.no_grad():
+                m(x)
+        times = run_variants(variants, args.rounds, call)
+        print(f"{batch:>5} {med(times['one']) * 1e3:>16.1f} {med(times['plain']) * 1e3:>15.1f}"
+              f" {med(times['pipe']) * 1e3:>13.1f} {per_round(times, 'plain', 'pipe'):>11.2f}"
+              f" {per_round(times, 'one', 'pipe'):>11.2f} {2 * batch / (batch + 1):>6.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -235,8 +292,14 @@ def main():
     ap.add_argument("--flux-hidden", type=int, default=256)
     ap.add_argument("--flux-tokens", type=int, default=256)
     ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--pipeline-batches", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--only-pipeline", action="store_true")
     args = ap.parse_args()
+    if args.only_pipeline:
+        pipelined_table(args)
+        return
     modelled_table(args)
+    pipelined_table(args)
     if not args.skip_real:
         real_table(args)
 
