@@ -203,3 +203,40 @@ def test_flux_tiny_batch_two(tiny, run_model):
     assert_restored(model, snap)
     assert placed.stats()["pipeline"]["shares"] == 2
     assert torch.allclose(out, whole, atol=1e-5)
+
+
+class Skipper(torch.nn.Module):
+    """Skips the first block of the second stage for items whose first value is > 0:
+    a share that never meets a stage's gate must not hold the others."""
+
+    def __init__(self, n=8, width=16):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(n))
+
+    def forward(self, x):
+        for i, b in enumerate(self.blocks):
+            if i == 4 and bool(x[0, 0] > 0):
+                continue
+            x = x + torch.tanh(b(x))
+        return x
+
+
+def test_a_share_skipping_a_stage_start_does_not_hang():
+    torch.manual_seed(0)
+    model = Skipper().eval()
+    x = torch.randn(4, 16)
+    x[0, 0], x[1, 0], x[2, 0], x[3, 0] = 1.0, -1.0, 1.0, -1.0
+    with torch.no_grad():
+        ref = torch.cat([model(x[i:i + 1]) for i in range(4)])
+    plan = pipe_plan(["cuda0", "cuda1"], [8 << 20] * 2,
+                     blocks={"cuda0": [0, 3], "cuda1": [4, 7]})
+    out = []
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)):
+        def call():
+            with torch.no_grad():
+                out.append(model(x))
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        t.join(timeout=30)
+        assert not t.is_alive(), "the pipelined forward hung"
+    assert torch.equal(out[0], ref)
