@@ -240,3 +240,48 @@ def test_a_share_skipping_a_stage_start_does_not_hang():
         t.join(timeout=30)
         assert not t.is_alive(), "the pipelined forward hung"
     assert torch.equal(out[0], ref)
+
+
+def test_place_routes_a_pipeline_plan_and_stats_keys():
+    """runtime.place with a plan from JSON (parallel pipeline) gets the pipelined engine;
+    its stats have the plain split's keys plus "pipeline"; shares= caps the shares."""
+    from comfyui_placement.placement.plan import Plan
+    from comfyui_placement.runtime import place
+    model, ids = model_and_ids(batch=4)
+    with torch.no_grad():
+        whole = model(ids)
+    plain = split_plan(["cuda0", "cuda1"], [8 << 20] * 2)
+    data = plain.to_json() if hasattr(plain, "to_json") else None
+    assert data is not None
+    piped = Plan.from_json(data.replace('"parallel": "none"', '"parallel": "pipeline"'))
+    assert piped.components["diffusion"].parallel == "pipeline"
+    with place_split(model, plain, "diffusion", Inventory.simulated(INVENTORY)) as p0:
+        with torch.no_grad():
+            model(ids)
+    with place(model, piped, "diffusion", Inventory.simulated(INVENTORY), shares=2) as p1:
+        assert isinstance(p1, PipelinedSplit)
+        with torch.no_grad():
+            out = model(ids)
+    assert torch.allclose(out, whole, atol=1e-5)
+    s0, s1 = p0.stats(), p1.stats()
+    assert set(s1) == set(s0) | {"pipeline"}
+    assert s1["pipeline"] == {"shares": 2, "forwards": 1}
+
+
+def test_real_device_code_path_on_two_host_devices():
+    """The non-simulated path (tensor.device, gather onto the main device)."""
+    from comfyui_placement.placement.devices import Device
+    from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan
+    model, ids = model_and_ids(batch=3)
+    with torch.no_grad():
+        ref = torch.cat([model(ids[i:i + 1]) for i in range(3)])
+    inv = Inventory([Device("host0", "cpu", 1 << 30, 1 << 30, torch_device="cpu"),
+                     Device("host1", "cpu", 1 << 30, 1 << 30, torch_device="cpu")])
+    devices = [DevicePlan(n, "cpu", 1 << 30, 1 << 30, 1 << 20) for n in ("host0", "host1")]
+    plan = Plan(devices, {"diffusion": ComponentPlan("diffusion", ["host0", "host1"], "host0",
+                                                     parallel="pipeline")})
+    with place_split(model, plan, "diffusion", inv) as placed:
+        with torch.no_grad():
+            out = model(ids)
+    assert torch.equal(out, ref)
+    assert placed.stats()["pipeline"] == {"shares": 3, "forwards": 1}
