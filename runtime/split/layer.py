@@ -10,6 +10,7 @@ a prefix of its range resident and streams the rest through its own ring
 Per block the hot path is one pre-hook bound to precomputed values (device index,
 ledger, whether it enters a range): bring the arguments, note the activations.
 """
+import threading
 import warnings
 from functools import partial
 from typing import Dict, List
@@ -53,6 +54,7 @@ def streamed_split(sizes: List[int], room: int, depth: int):
 class LayerSplit(SplitBase):
     mode = "layer"
     _pipelined = False      # pipeline.py: a forward's shares end each stage's ring forward
+    _hop_lock = threading.Lock()     # hop counting only: boundaries are few per forward
 
     def _prepare(self) -> None:
         if self.lora is not None:
@@ -270,10 +272,14 @@ class LayerSplit(SplitBase):
         copies, mover.served = mover.copies, 0
         args, kwargs = mover.bring(args, d), mover.bring(kwargs, d)
         if entry and mover.copies != copies:
-            self.hops += 1
+            self._hop()
         base = mover.cache_bytes[d] - mover.served + (self._root_in if d == 0 else 0)
         ledger.set_activations(base + seen_bytes(args, kwargs), "block activations")
         return args, kwargs
+
+    def _hop(self) -> None:
+        with self._hop_lock:                # pipelined shares cross boundaries at once
+            self.hops += 1
 
     def _block_tag(self, d, module, args, output):
         self.mover.tag_outputs(output, d)
@@ -285,7 +291,7 @@ class LayerSplit(SplitBase):
         copies = self.mover.copies
         output = self.mover.bring(output, 0)
         if self.mover.copies != copies:
-            self.hops += 1
+            self._hop()
         return output
 
     def _root_post(self, module, args, output):
@@ -297,7 +303,7 @@ class LayerSplit(SplitBase):
         copies = self.mover.copies
         output = self.mover.bring(output, 0)     # a tensor that skipped the exit hook
         if self.mover.copies != copies:
-            self.hops += 1
+            self._hop()
         self.mover.end_forward()
         self.forwards += 1
         return output
