@@ -291,3 +291,34 @@ def test_real_device_code_path_on_two_host_devices():
             out = model(ids)
     assert torch.equal(out, ref)
     assert placed.stats()["pipeline"] == {"shares": 3, "forwards": 1}
+
+
+def test_interrupt_in_the_calling_thread_stops_every_share():
+    """Ctrl-C reaches the caller while it waits for the shares: every share stops at its
+    next stage boundary and is joined before the KeyboardInterrupt is raised."""
+    import _thread
+    model, ids = model_and_ids(batch=4)
+    with torch.no_grad():
+        whole = model(ids)
+    snap = snapshot(model)
+    plan = pipe_plan(["cuda0", "cuda1"], [8 << 20] * 2,
+                     blocks={"cuda0": [0, 5], "cuda1": [6, 11]})
+    armed = [True]
+
+    def ctrl_c(module, args):
+        if armed[0] and threading.current_thread().name == "pipeline share 1":
+            armed[0] = False
+            _thread.interrupt_main()
+            threading.Event().wait(0.2)             # the caller sees it while we compute
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
+        h = model.block[2].register_forward_pre_hook(ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            with torch.no_grad():
+                model(ids)
+        assert not split_threads()
+        h.remove()
+        with torch.no_grad():
+            again = model(ids)
+        assert all(t.ledger.held["activations"] == 0 for t in placed.targets)
+    assert torch.allclose(again, whole, atol=1e-5)
+    assert_restored(model, snap)
