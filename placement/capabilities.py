@@ -35,6 +35,7 @@ WHAT = {
     "simulated": "a simulated device",
     "lora_runtime": "runtime LoRA (lora_mode runtime)",
     "batch_parallel": "batch parallel over several devices (parallel batch)",
+    "pipeline_split": "a pipelined layer split (parallel pipeline)",
     "tiled_decode": "a tiled VAE decode (tile)",
 }
 CAPABILITIES = tuple(WHAT)
@@ -49,11 +50,12 @@ _PATCHER = frozenset({"cpu_params", "peer_params", "tiled_decode"})
 TABLE: Dict[str, Dict[str, FrozenSet[str]]] = {
     # runtime.place runs every component; row split reads shards from memory and does
     # not stream; params rest on cpu, disk or the runtime device (runtime/place.py).
-    "runtime": {comp: _ENGINE | {"batch_parallel"} for comp in COMPONENTS},
+    "runtime": {comp: _ENGINE | {"batch_parallel", "pipeline_split"} for comp in COMPONENTS},
     # runtime/comfy: the engine runs diffusion and te fully and the VAE whole on one
     # device (disk, simulated); everything else goes through ComfyUI's patchers.
     "comfyui": {
-        "diffusion": _ENGINE | _PATCHER | {"batch_parallel"},   # runtime/comfy/batch_parallel
+        "diffusion": _ENGINE | _PATCHER | {"batch_parallel",     # runtime/comfy/batch_parallel
+                                           "pipeline_split"},    # runtime/comfy/engine.py
         "te": _ENGINE | _PATCHER,
         # tiles: ComfyUI's own decode_tiled on the placed copy (runtime/comfy/vae_tiles.py)
         "vae": frozenset({"disk", "simulated", "tiled_decode"}) | _PATCHER,
@@ -100,6 +102,8 @@ def needs(cp, inventory) -> List[str]:
             out.append("stream")
     elif cp.is_split:
         out.append(f"{cp.split_mode}_split")
+        if cp.parallel == "pipeline":
+            out.append("pipeline_split")
         if cp.stream is not None:
             out.append("split_stream" if cp.split_mode == "layer" else "row_split_stream")
     elif cp.stream is not None:

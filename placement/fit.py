@@ -39,6 +39,7 @@ class FitOptions:
     bandwidth: Mapping[str, float] = field(default_factory=dict)    # host->device B/s, same keys
     disk_bandwidth: Optional[float] = None                          # None: measured, else default
     peer_bandwidth: Optional[float] = None                          # GPU<->GPU B/s
+    network_bandwidth: object = None     # B/s to remote workers: one figure, or {alias: B/s}
     headroom: Mapping[str, int] = field(default_factory=dict)       # component -> bytes
     activation_bytes: Mapping[str, int] = field(default_factory=dict)
     executor: str = "runtime"            # who runs the plan: runtime | comfyui (capabilities)
@@ -155,7 +156,8 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
     from .machine_figures import figures_for
     measured = figures_for(inventory) if options.measured == "auto" else options.measured
     model = CostModel(inventory.devices, options.throughput, options.bandwidth,
-                      options.disk_bandwidth, options.peer_bandwidth, measured)
+                      options.disk_bandwidth, options.peer_bandwidth, measured,
+                      options.network_bandwidth)
     choices = getattr(request, "choices", {}) or {}
     from .capabilities import check_choice, supported
     real_gpus = [d.name for d in inventory.accelerators() if not d.simulated]

@@ -33,6 +33,20 @@ STREAM_BLOCK_OVERHEAD_S = 30e-6       # event wait + launch per streamed block
 # ring's schedule predicts for its depth and block mix (layout.ring_schedule).
 STREAM_OVERLAP = 0.9
 HOP_LATENCY_S = 20e-6
+# A network link between machines (a remote range on a worker, docs/distributed.md): 10 GbE
+# as seen in practice unless given (--network-bandwidth) or measured, and a round trip
+# per crossing (the chained remote range: about 0.5 ms on a LAN, more on a busy host).
+DEFAULT_NETWORK_BANDWIDTH = 1.1e9
+NETWORK_LATENCY_S = 0.5e-3
+# Parallel shares never overlap perfectly (threads, smaller kernels per share, the
+# gather): of the ideal saving over one device a batch-parallel forward realises this
+# share, a pipelined layer split this share of the ideal saving over the plain split.
+# Fitted to benchmarks/multi_gpu.py (docs/multi_gpu.md "Measured"): batch parallel
+# 1.81-1.82x where 2x is ideal (0.90); pipelined split 1.20x at batch 2 (ideal 1.33)
+# and 1.39x at batch 4 (ideal 1.60): 0.67 and 0.75 (0.70).
+BATCH_PARALLEL_EFFICIENCY = 0.90
+PIPELINE_EFFICIENCY = 0.70
+LINK_KINDS = ("peer", "host-staged", "network")
 
 # Compute working memory when the metadata gives none: seed 003's reserves.
 FIXED_RESERVES = {"diffusion": 2 * GiB, "te": 2 * GiB, "vae": 1 * GiB, "controlnet": 1 * GiB,
@@ -89,13 +103,16 @@ def _first_of(given: Optional[float], measured: Optional[float], default):
 
 class Workload:
     """What one component computes per forward, from its size and the latent shape."""
-    __slots__ = ("flop", "runs", "activation_bytes")
+    __slots__ = ("flop", "runs", "activation_bytes", "items")
 
     def __init__(self, info, resolution: Tuple[int, int], frames: int, batch: int,
                  steps: int, activation_override: Optional[int] = None, cond_batch: int = 1):
         comp = info.component
         if comp in SAMPLED:
             batch = batch * max(1, int(cond_batch))   # CFG: cond and uncond in one batch
+        # items of one forward's batch that shares may divide (batch parallel, the
+        # pipelined split): the sampled components' batch (CFG's cond and uncond count)
+        self.items = batch if comp in SAMPLED else 1
         width, height = resolution
         megapixels = width * height / float(1 << 20)
         if not takes_frames(info):
@@ -162,7 +179,7 @@ class CostModel:
 
     def __init__(self, devices, throughput: Mapping[str, float], bandwidth: Mapping[str, float],
                  disk_bandwidth: Optional[float] = None, peer_bandwidth: Optional[float] = None,
-                 measured=None):
+                 measured=None, network_bandwidth=None):
         from .machine_figures import NO_FIGURES
         measured = measured or NO_FIGURES
         self.throughput: Dict[str, float] = {}
@@ -193,6 +210,10 @@ class CostModel:
         self.peer_bandwidth, self.sources["peer_bandwidth"] = _first_of(
             peer_bandwidth, measured.peer_bandwidth, None)
         self.origin = measured.origin
+        # per pair of local GPUs, measured by calibrate: (bytes/s, "peer" | "host-staged")
+        self.measured_links = dict(getattr(measured, "links", {}) or {})
+        self.network = _network_figures(network_bandwidth,
+                                        getattr(measured, "network_bandwidth", None) or {})
         for name, value in (list(self.throughput.items()) + list(self.bandwidth.items())
                             + [("disk", self.disk_bandwidth)]):
             if not value > 0:
@@ -210,12 +231,49 @@ class CostModel:
         return self.peer(source, device)
 
     def peer(self, a: str, b: str) -> float:
+        return self.link(a, b)[1]
+
+    def link(self, a: str, b: str) -> Tuple[str, float, float, str]:
+        """(kind, bytes/s, latency s, source) of activations crossing from device a to b.
+
+        - network: a and b on different machines (a remote device is ALIAS.DEVICE,
+          placement/remote_devices.py): the given --network-bandwidth (for the alias or
+          for all), else measured, else DEFAULT_NETWORK_BANDWIDTH (10 GbE);
+        - peer: GPU to GPU directly: the given --peer-bandwidth, or calibrate measured
+          the pair as peer;
+        - host-staged: through host memory (consumer GPUs without peer access): the
+          pair's measured figure, else the slower of the two host links."""
+        ma, mb = _machine(a), _machine(b)
+        if ma != mb:
+            alias = mb if mb else ma
+            value, src = self.network.get(alias) or self.network.get("*") or \
+                (DEFAULT_NETWORK_BANDWIDTH, "default")
+            return "network", float(value), NETWORK_LATENCY_S, src
+        source = self.sources["peer_bandwidth"]
+        if source == "given":
+            return "peer", float(self.peer_bandwidth), HOP_LATENCY_S, source
+        got = self.measured_links.get((a, b)) or self.measured_links.get((b, a))
+        if got is not None:
+            return got[1], float(got[0]), HOP_LATENCY_S, "measured"
         if self.peer_bandwidth is not None:
-            return float(self.peer_bandwidth)
-        return min(self.bandwidth[a], self.bandwidth[b])
+            return "peer", float(self.peer_bandwidth), HOP_LATENCY_S, source
+        return "host-staged", min(self.bandwidth[a], self.bandwidth[b]), HOP_LATENCY_S, \
+            "default"
 
     def hop_s(self, activation_bytes: int, a: str, b: str) -> float:
-        return activation_bytes / self.peer(a, b) + HOP_LATENCY_S
+        _, bw, latency, _ = self.link(a, b)
+        return activation_bytes / bw + latency
+
+    def links(self, names) -> Dict[str, dict]:
+        """Every ordered pair of `names`: its link (for the plan's cost model)."""
+        out = {}
+        for a in names:
+            for b in names:
+                if a != b:
+                    kind, bw, latency, src = self.link(a, b)
+                    out[f"{a}->{b}"] = {"kind": kind, "bytes_per_s": bw,
+                                        "latency_s": latency, "source": src}
+        return out
 
     def describe(self) -> dict:
         return {"throughput_flops": dict(self.throughput),
@@ -226,7 +284,41 @@ class CostModel:
                 "stream_block_overhead_s": STREAM_BLOCK_OVERHEAD_S,
                 "stream_overlap": STREAM_OVERLAP,
                 "hop_latency_s": HOP_LATENCY_S,
+                "network_bandwidth_bytes_per_s": {k: v[0] for k, v in self.network.items()},
+                "batch_parallel_efficiency": BATCH_PARALLEL_EFFICIENCY,
+                "pipeline_efficiency": PIPELINE_EFFICIENCY,
                 "sources": {k: (dict(v) if isinstance(v, dict) else v)
                             for k, v in self.sources.items()},
                 "corrections": {k: dict(v) for k, v in self.corrections.items()},
                 "measured_in": self.origin or None}
+
+
+def _machine(name: str) -> str:
+    """'' for a device of this machine, the worker alias for ALIAS.DEVICE."""
+    alias, dot, _ = str(name).partition(".")
+    return alias if dot else ""
+
+
+def _network_figures(given, measured: Mapping[str, float]) -> Dict[str, Tuple[float, str]]:
+    """{alias or '*': (bytes/s, source)}: given (one figure for every worker, or per
+    alias) over measured."""
+    out: Dict[str, Tuple[float, str]] = {}
+    for alias, value in (measured or {}).items():
+        out[str(alias)] = (float(value), "measured")
+    if given is None:
+        return out
+    if isinstance(given, Mapping):
+        items = list(given.items())
+    else:
+        items = [("*", given)]
+    from .errors import PlacementError
+    for alias, value in items:
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            value = float("nan")
+        if not value > 0:
+            raise PlacementError(f"invalid network bandwidth {value!r} for {alias}; expected "
+                                 f"bytes/s > 0 (e.g. 1.25GB/s for 10 GbE)")
+        out[str(alias)] = (value, "given")
+    return out

@@ -9,7 +9,8 @@ chooses: the search (fit_search.py) compares the options priced here.
 """
 from typing import Dict, List, Optional
 
-from .fit_costs import STREAM_BLOCK_OVERHEAD_S, STREAM_OVERLAP
+from .fit_costs import (BATCH_PARALLEL_EFFICIENCY, PIPELINE_EFFICIENCY,
+                        STREAM_BLOCK_OVERHEAD_S, STREAM_OVERLAP)
 from .fit_shapes import Geometry, layer_ranges, row_shares, stream_spans
 from .layout import compute_shares, ring_schedule
 
@@ -60,26 +61,29 @@ class Option:
     """One evaluated placement of one component (immutable once built). Its fields, by
     the question they answer:
 
-    what and when  comp, kind (resident | stream | split | cpu), phase, runs (forwards
-                   per generation)
+    what and when  comp, kind (resident | stream | split | cpu | batch), phase, runs
+                   (forwards per generation); parallel (none | batch | pipeline)
     where          runtime (devices computing), params/source (where weights rest: a
                    GPU, cpu or disk), split_mode, ranges (layer split: block ranges),
                    layout (split: device set and shares, or how many GPUs stream),
                    per_device (split that streams: {device: (resident, of blocks)}),
                    resident_blocks, depth, host_blocks (disk: streamed blocks in RAM),
-                   tile (a VAE decoded in tiles)
+                   tile (a VAE decoded in tiles); batch parallel: each_device
+                   (resident | stream: what every device does), shares (items per device)
     memory         persist {gpu: bytes for the session}, use {gpu: bytes while its phase
                    runs}, host_persist / host_use (host RAM, same two meanings),
                    resident_bytes, streamed_bytes, loaded_bytes
     time           compute_s, transfer_s, forward_s (one forward), load_s (once per
-                   generation), hops, cost = runs x forward_s + load_s
+                   generation), hops, cost = runs x forward_s + load_s; serial_s (batch
+                   parallel, pipeline: the same placement's forward without parallelism)
     """
     __slots__ = ("comp", "kind", "phase", "runs",
                  "runtime", "params", "source", "split_mode", "ranges", "layout",
                  "per_device", "resident_blocks", "depth", "host_blocks", "tile",
                  "persist", "use", "host_persist", "host_use", "resident_bytes",
                  "streamed_bytes", "loaded_bytes",
-                 "compute_s", "transfer_s", "forward_s", "load_s", "hops", "cost")
+                 "compute_s", "transfer_s", "forward_s", "load_s", "hops", "cost",
+                 "parallel", "each_device", "shares", "serial_s")
 
     def __init__(self, comp, kind, runtime, runs, phase):
         self.comp, self.kind, self.runtime, self.runs, self.phase = comp, kind, runtime, runs, phase
@@ -88,6 +92,9 @@ class Option:
         self.streamed_bytes = self.hops = self.host_use = self.host_blocks = 0
         self.tile = None          # fit_tiles.Tile: a VAE decoded in tiles; None: full frame
         self.transfer_s = 0.0
+        self.parallel = "none"
+        self.each_device = self.shares = None
+        self.serial_s = 0.0
 
     @property
     def persistent(self) -> bool:
@@ -331,6 +338,137 @@ class Pricing:
         o.cost = o.runs * o.forward_s + o.load_s
         return o
 
+    # -- parallel placements (issue 13) ---------------------------------------------------
+    def share_items(self, c: str, devs: List[int]) -> List[int]:
+        """Items of one forward's batch per device, as runtime/parallel cuts them: in
+        proportion to speed, each item to the device that would finish it first."""
+        items = self.work[c].items
+        counts = [0] * len(devs)
+        for _ in range(items):
+            j = min(range(len(devs)), key=lambda j: ((counts[j] + 1) / self.tp[devs[j]], j))
+            counts[j] += 1
+        return counts
+
+    def share_headroom(self, c: str, items: int) -> int:
+        """Working memory of a forward over `items` of the batch: the metadata's estimate
+        is a workspace plus activations in proportion to the batch; a fixed reserve or a
+        given headroom is kept whole (nothing says what part of it scales)."""
+        geo, w = self.geos[c], self.work[c]
+        hr = geo.headroom
+        est = getattr(geo.info, "headroom_bytes", None)
+        if est is None or int(est) != hr or w.items <= 1 or items >= w.items:
+            return hr
+        from .metadata.headroom import WORKSPACE
+        if hr <= WORKSPACE:
+            return hr
+        return WORKSPACE + -(-(hr - WORKSPACE) * items // w.items)
+
+    def batch(self, c: str, devs: List[int], each: str, persistent: bool, k: int = 0,
+              depth: int = 0, source: str = "cpu") -> Optional[Option]:
+        """Batch parallel over `devs` (runtime/parallel/batch.py): the whole component on
+        every device (`each`: resident, or streamed with the same prefix k and depth on
+        each from one shared packed host copy), shares of every forward's batch at once,
+        outputs gathered on the first device."""
+        key = ("b", c, tuple(devs), each, persistent, k, depth, source)
+        if key not in self._memo:
+            self._memo[key] = self._batch(c, list(devs), each, persistent, k, depth, source)
+        return self._memo[key]
+
+    def _batch(self, c, devs, each, persistent, k, depth, source) -> Optional[Option]:
+        geo, w = self.geos[c], self.work[c]
+        counts = self.share_items(c, devs)
+        if len(devs) < 2:
+            return None
+        names = [self.gpus[d] for d in devs]
+        hr = self.share_headroom(c, max(counts))
+        streamed = geo.streamed_bytes(k) if each == "stream" else 0
+        resident = geo.non_block + geo.prefix[k] if each == "stream" else geo.total
+
+        def forward(d: int, share: float) -> float:
+            compute = self._compute_s(c, share, d)
+            if each != "stream":
+                return compute
+            bw = self.model.source_bandwidth(self.gpus[d], source)
+            stall = ring_stall(geo, compute, k, bw, depth)
+            return streamed_forward(compute, streamed / bw, depth, geo.n - k, stall)
+
+        # a device without a share (a batch smaller than the devices) holds its copy idle
+        times = [forward(d, n / w.items) for d, n in zip(devs, counts) if n]
+        gather = max((self.model.hop_s(w.activation_bytes * n // w.items, names[j], names[0])
+                      for j, n in enumerate(counts) if j and n), default=0.0)
+        ideal = max(times) + gather
+        serial = forward(devs[0], 1.0)
+        o = Option(c, "batch", names, w.runs, self.phase_of[c])
+        o.parallel, o.each_device, o.shares = "batch", each, dict(zip(names, counts))
+        o.serial_s = serial
+        o.forward_s = ideal + (1 - BATCH_PARALLEL_EFFICIENCY) * max(0.0, serial - ideal)
+        o.compute_s = max(self._compute_s(c, n / w.items, d) for d, n in zip(devs, counts))
+        o.hops = sum(1 for n in counts[1:] if n)
+        o.transfer_s = (streamed / min(self.model.source_bandwidth(n, source) for n in names)
+                        if streamed else 0.0) + gather
+        o.resident_bytes, o.streamed_bytes = resident, streamed
+        if each == "stream":
+            o.resident_blocks, o.depth = k, depth
+        if persistent:
+            o.params = o.source = names[0]
+            o.persist = {d: geo.total for d in devs}
+            o.use = {d: hr for d in devs}
+            o.loaded_bytes, o.load_s, o.host_persist = 0, 0.0, 0
+        else:
+            o.params = o.source = source
+            o.persist = {}
+            held = geo.stream_weights(k, depth) if each == "stream" else geo.total
+            o.use = {d: held + hr for d in devs}
+            o.loaded_bytes = resident * len(devs)
+            # each device loads over its own link, all from the one host copy
+            o.load_s = resident / min(self.model.source_bandwidth(n, source) for n in names)
+            o.host_persist = geo.total if source == "cpu" else 0   # one shared copy
+        o.cost = o.runs * o.forward_s + o.load_s
+        return o
+
+    def pipelined(self, o: Option) -> Optional[Option]:
+        """The same layer split with the batch's shares pipelined through its stages
+        (runtime/split/pipeline.py: one share per item, stage k computes share s while
+        stage k+1 computes share s-1). Per share a stage takes u_j = its compute / b +
+        the hop it sends; the shares take sum(u) + (b - 1) x max(u) (fill, steady
+        state, drain), of whose saving over the plain split PIPELINE_EFFICIENCY is
+        realised. None: not a resident layer split, or a batch of 1."""
+        if o is None or o.kind != "split" or o.split_mode != "layer" or o.ranges is None \
+                or o.per_device is not None or o.parallel != "none" \
+                or any("." in n for n in o.runtime):     # remote ranges run one by one
+            return None
+        key = ("p", id(o))
+        if key in self._memo:
+            return self._memo[key][1]
+        c = o.comp
+        geo, w = self.geos[c], self.work[c]
+        b = w.items
+        got = None
+        if b >= 2:
+            devs = [self.gidx[n] for n in o.runtime]
+            stage = []
+            for j, (first, last) in enumerate(o.ranges):
+                held = geo.prefix[last + 1] - geo.prefix[first] + (geo.non_block if j == 0
+                                                                    else 0)
+                nxt = o.runtime[(j + 1) % len(o.runtime)]
+                stage.append(self._compute_s(c, held / (geo.total or 1), devs[j]) / b
+                             + self.model.hop_s(w.activation_bytes // b, o.runtime[j], nxt))
+            ideal = sum(stage) + (b - 1) * max(stage)
+            got = Option(c, "split", list(o.runtime), o.runs, o.phase)
+            for name in Option.__slots__:
+                if name not in ("parallel", "forward_s", "cost", "hops", "serial_s",
+                                "transfer_s"):
+                    setattr(got, name, getattr(o, name))
+            got.parallel = "pipeline"
+            got.serial_s = o.forward_s
+            got.forward_s = o.forward_s - PIPELINE_EFFICIENCY * max(0.0, o.forward_s - ideal)
+            got.hops = o.hops * b
+            got.transfer_s = o.transfer_s + (b - 1) * len(o.runtime) * (
+                self.model.hop_s(0, o.runtime[0], o.runtime[-1]))
+            got.cost = got.runs * got.forward_s + got.load_s
+        self._memo[key] = (o, got)          # o kept alive: its id stays unique
+        return got
+
     def on_cpu(self, c: str, source: str = "cpu") -> Option:
         key = ("c", c, source)
         o = self._memo.get(key)
@@ -369,6 +507,15 @@ class Pricing:
 
     def rebuild(self, o: Option, source: str) -> Option:
         """The same placement with its weights resting in `source` instead."""
+        if o.kind == "batch":
+            devs = [self.gidx[n] for n in o.runtime]
+            again = self.batch(o.comp, devs, o.each_device, False, o.resident_blocks or 0,
+                               o.depth or 0, source)
+            return again if again is not None else o
+        if o.parallel == "pipeline":
+            devs, layout = o.layout
+            plain = self.split_layout(o.comp, devs, o.split_mode, layout, False, source)
+            return self.pipelined(plain) or o
         if o.kind == "cpu":
             return self.on_cpu(o.comp, source)
         if o.kind == "stream":

@@ -41,6 +41,7 @@ def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
         out.append(f"params {rule.params} (asked)")
     size = f"{c} {fmt(geo.total)} + {fmt(geo.headroom)} working memory"
     phase = _ACTION[PHASES[c]]
+    at = len(out)
     if o.kind == "resident" and o.tile is not None:
         d = search.gidx[o.runtime[0]]
         room = _room_without(search, use, o, d)
@@ -78,6 +79,23 @@ def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
                    f"{o.resident_blocks} of {geo.n} blocks resident, {fmt(o.streamed_bytes)} "
                    f"{_per(o)} streamed from {o.params} (prefetch depth {o.depth}: transfer "
                    f"{_ms(o.transfer_s)} {hidden} compute {_ms(o.compute_s)})")
+    elif o.kind == "batch":
+        names = "&".join(o.runtime)
+        shares = ", ".join(f"{n} {k}" for n, k in o.shares.items())
+        if o.each_device == "stream":
+            each = (f"streamed on each ({o.resident_blocks} of {geo.n} blocks resident, "
+                    f"{fmt(o.streamed_bytes)} {_per(o)} over each device's own link, "
+                    f"prefetch depth {o.depth}) from one shared host copy on {o.params}")
+        elif o.persistent:
+            each = "resident on each for the session"
+        else:
+            each = (f"on each only while {phase} runs, loaded from one shared host copy on "
+                    f"{o.params}")
+        out.append(("parallel batch asked; " if rule.batch_only else "")
+                   + f"batch of {search.work[c].items} per forward -> batch parallel over "
+                   f"{names}: the whole {c} on each device, {each}; items per device "
+                   f"{shares}; {_ms(o.forward_s)} per forward vs {_ms(o.serial_s)} on "
+                   f"{o.runtime[0]} alone")
     elif o.kind == "split":
         most = max((_room_without(search, use, o, search.gidx[n]) for n in o.runtime), default=0)
         where = "persistent" if o.persistent else f"while {phase} runs, params on {o.params}"
@@ -137,6 +155,10 @@ def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
                     out.append(f"{c} needs at least {fmt(need)} on a GPU, the most left beside "
                                f"the rest is {fmt(most)} -> runs on cpu (last resort), "
                                f"{_ms(o.compute_s)} {_per(o)}")
+    if o.parallel == "pipeline":
+        out.append(f"batch of {search.work[c].items} per forward -> pipelined: the stages "
+                   f"run the batch's shares one behind the other, {_ms(o.forward_s)} per "
+                   f"forward vs {_ms(o.serial_s)} for the plain split")
     if yields:
         out.append(yields)
     if o.source == "disk" and rule.params != "disk":
@@ -153,7 +175,47 @@ def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
                        f"component -> params on disk, re-read each {phase} ({_ms(o.load_s)})")
     if options.offload_mode != "auto":
         out.append(f"offload_mode {options.offload_mode}")
+    line = parallel_line(search, o)
+    if line:
+        out.insert(at, line)          # the decision's line stays after it
     return out
+
+
+_FAMILY = {"none": "plain", "batch": "batch parallel", "pipeline": "pipelined split"}
+
+
+def _where(o) -> str:
+    if o.kind == "batch":
+        return f"{o.each_device} on {'&'.join(o.runtime)}"
+    if o.kind == "split":
+        return f"split over {'&'.join(o.runtime)}"
+    return f"{o.kind} on {'&'.join(o.runtime)}"
+
+
+def alternatives_of(search: Search, c: str) -> Dict[str, float]:
+    """Predicted seconds per forward of the best plain, batch-parallel and pipelined
+    placement of `c`, each with every GPU to itself (fit's lower bounds)."""
+    return {_FAMILY[f]: o.forward_s for f, o in
+            sorted((getattr(search, "alternatives", {}) or {}).get(c, {}).items())}
+
+
+def parallel_line(search: Search, o) -> str:
+    """What parallelism was chosen for a component whose batch may be shared, and the
+    predicted forward of each alternative (the last reason line: the table shows it)."""
+    c = o.comp
+    rule = search.rules[c]
+    alts = (getattr(search, "alternatives", {}) or {}).get(c, {})
+    if search.work[c].items < 2 or not (rule.batch or rule.pipeline) or len(alts) < 2:
+        return ""
+    others = "; ".join(f"{_FAMILY[f]} {_ms(a.forward_s)} ({_where(a)})"
+                       for f, a in sorted(alts.items()) if f != o.parallel)
+    why = "asked" if rule.batch_only else "predicted fastest"
+    line = (f"parallel: {_FAMILY[o.parallel]} ({why}), {_ms(o.forward_s)} per forward; "
+            f"alternatives, each with every GPU to itself: {others}")
+    if not rule.batch_only and any(a.cost < o.cost * (1 - 1e-9) for a in alts.values()):
+        line += ("; the faster alone does not fit beside the rest of the plan (GPU or host "
+                 "RAM budgets)")
+    return line
 
 
 def _yields_to_asked_split(search: Search, o, chosen) -> str:
@@ -221,6 +283,13 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
             cp.tile = o.tile.edge
         if o.kind == "split" and o.ranges is not None:
             cp.blocks = {n: [a, b] for n, (a, b) in zip(o.runtime, o.ranges)}
+        if o.kind == "batch":
+            cp.parallel = "batch"
+            cp.split_mode = getattr(choices.get(comp), "split_mode", None) or "layer"
+            if o.each_device == "stream":
+                cp.stream = StreamPlan(o.resident_blocks, o.depth, 0)
+        elif o.parallel == "pipeline":
+            cp.parallel = "pipeline"
         comps[comp] = cp
 
     devices, table = [], []
@@ -283,13 +352,17 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
             "forward_s": o.forward_s, "compute_s": o.compute_s, "transfer_s": o.transfer_s,
             "forwards": o.runs, "load_s": o.load_s, "loaded_bytes": o.loaded_bytes,
             "hops": o.hops, "headroom_bytes": search.geos[c].headroom,
+            "parallel": o.parallel,
+            "items_per_device": None if o.shares is None else dict(o.shares),
+            "serial_forward_s": o.serial_s or None,
+            "alternatives_forward_s": alternatives_of(search, c),
             "stream_per_device": None if o.per_device is None else
             {n: list(v) for n, v in o.per_device.items()},
             "held_bytes": {search.gpus[d]: b for d, b in
                            sorted({**o.use, **{k: v + o.use.get(k, 0)
                                                for k, v in o.persist.items()}}.items())},
         } for c, o in sorted(chosen.items())},
-        "cost_model": search.model.describe(),
+        "cost_model": dict(search.model.describe(), links=search.model.links(search.gpus)),
         "search": {"leaves": search.leaves},
     }
     return plan
@@ -321,6 +394,8 @@ def explain_failure(search: Search, options, budgets, host, inventory=None) -> P
         if lbs[c] != float("inf"):
             continue
         geo, rule = search.geos[c], search.rules[c]
+        if rule.batch_only:
+            return _batch_failure(search, c, options, budgets, host, inventory)
         need = geo.total + geo.headroom
         how = "whole"
         if rule.stream and geo.n >= 2:
@@ -395,6 +470,35 @@ def explain_failure(search: Search, options, budgets, host, inventory=None) -> P
             f"must rest there (short by {fmt(host_need)}); {host_hint}, or leave params to "
             f"auto-fit so they can rest on disk")
     return PlacementError(f"auto-fit: no placement fits under offload_mode {mode}; {hint}")
+
+
+def _batch_failure(search: Search, c: str, options, budgets, host, inventory):
+    """parallel batch asked and it fits nowhere: each device must hold or stream the
+    whole component, and the shared host copy must fit host RAM."""
+    geo, rule = search.geos[c], search.rules[c]
+    devs = [search.gidx[n] for n in rule.runtime if n in search.gidx] if rule.runtime \
+        else sorted(search._devices(c), key=lambda d: -search.budget[d])[:2]
+    names = "&".join(search.gpus[d] for d in devs) or "two GPUs"
+    if len(devs) < 2:
+        return PlacementError(f"auto-fit: {c}: parallel batch needs two or more GPUs it may "
+                              f"run on and there are {len(devs)}; drop parallel batch")
+    need = geo.total + geo.headroom
+    how = "whole"
+    if rule.stream and geo.n >= 2:
+        need, how = min(need, geo.stream_weights(0, 0) + geo.headroom), \
+            "streamed with no resident block"
+    low = min(devs, key=lambda d: search.budget[d])
+    if need > search.budget[low]:
+        return PlacementError(
+            f"auto-fit: {c}: parallel batch over {names} needs at least {fmt(need)} on each "
+            f"device ({how}, working memory {fmt(geo.headroom)}) and {search.gpus[low]} has "
+            f"{fmt(search.budget[low])}, short by {fmt(need - search.budget[low])}; "
+            f"{_gpu_change(search.gpus[low], need - search.budget[low], budgets, options, inventory)}"
+            f", or drop parallel batch")
+    return PlacementError(
+        f"auto-fit: {c}: parallel batch over {names} needs its one shared host copy "
+        f"({fmt(geo.total)}) in host RAM beside the rest (budget {fmt(search.host_budget)}), "
+        f"or room on each device; raise the host budget, or drop parallel batch")
 
 
 def _host_alternative(search: Search) -> str:

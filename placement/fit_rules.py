@@ -15,7 +15,8 @@ class Rules:
     """What the search may decide for one component (the user's choice and the preset)."""
     __slots__ = ("runtime", "params", "split_mode", "persist_res", "persist_split", "float_res",
                  "stream", "float_split", "split_stream", "cpu", "prefix_zero",
-                 "params_elsewhere", "gpus", "disk", "row_fallback")
+                 "params_elsewhere", "gpus", "disk", "row_fallback", "batch", "batch_only",
+                 "pipeline")
 
     def __init__(self):
         for name in self.__slots__:
@@ -26,6 +27,9 @@ class Rules:
         self.gpus = None          # GPU names the executor runs this component on; None: all
         self.disk = True          # params may move to disk when host RAM is short
         self.row_fallback = False  # split_mode row asked, but no matrix is big enough
+        # issue 13: batch parallel may be priced (batch), is asked (batch_only: nothing
+        # else), a layer split may pipeline the batch's shares (pipeline)
+        self.batch = self.batch_only = self.pipeline = False
 
     @property
     def floating(self) -> bool:
@@ -43,6 +47,9 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
         only = list(gpus)
     else:
         only = None
+    parallel = getattr(choice, "parallel", None)
+    if parallel == "batch":
+        return _batch_rules(choice, geo, preset, gpus, caps, real_gpus)
     if (choice.split_mode or "layer") == "row" and not row_shardable(geo):
         # runtime/split/row.py shards only Linears of at least 256x256 and splits by layer
         # otherwise: plan what will run
@@ -53,6 +60,11 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
         r.row_fallback = True
     else:
         r = _rules(choice, geo, preset, gpus)
+    # parallel none forbids both; unset: priced where the executor runs them
+    r.batch = parallel is None and (caps is None or "batch_parallel" in caps) and \
+        r.runtime is None and r.params in (None, "cpu") and geo.comp in PARALLEL_COMPONENTS
+    r.pipeline = parallel is None and (caps is None or "pipeline_split" in caps) and \
+        r.split_mode == "layer" and geo.comp in PARALLEL_COMPONENTS
     if caps is None:
         return r
     if only is not None:
@@ -76,6 +88,53 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
     r.disk = "disk" in caps
     if not (r.persist_res or r.persist_split or r.floating or r.params_elsewhere):
         r.cpu = r.runtime is None or r.runtime == ["cpu"]
+    return r
+
+
+# Components whose forward's batch shares may divide: the sampled ones (their batch is
+# batch x cond_batch, CFG's cond and uncond counted; fit_costs.Workload.items).
+PARALLEL_COMPONENTS = ("diffusion", "controlnet")
+
+
+def _batch_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str], caps,
+                 real_gpus) -> Rules:
+    """parallel batch asked with auto-fit: the whole component on each of two or more
+    GPUs (the runtime list when given, else auto-fit picks them), resident or streamed
+    on each as the preset allows; nothing else is priced, so it is honoured or the fit
+    fails saying why."""
+    from types import SimpleNamespace
+    comp = geo.comp
+    runtime = list(choice.runtime) if choice.runtime else None
+    accepted = (f"name two or more GPUs (backend {comp}=cuda0&cuda1) or leave the backend "
+                f"to auto-fit, or drop parallel batch")
+    if caps is not None and "batch_parallel" not in caps:
+        raise PlacementError(f"{comp}: parallel batch is not run by this executor for "
+                             f"{comp}; drop parallel batch")
+    if runtime is not None and ("cpu" in runtime or len(runtime) < 2):
+        raise PlacementError(f"{comp}: parallel batch needs two or more GPUs and the backend "
+                             f"gives {'&'.join(runtime)}; {accepted}")
+    if choice.params not in (None, "cpu", "disk") and (runtime is None
+                                                       or choice.params not in runtime):
+        raise PlacementError(f"{comp}: parallel batch keeps a copy on each device; params "
+                             f"{choice.params} is not one of them: use params cpu or one of "
+                             f"the runtime devices")
+    if choice.params == "disk":
+        raise PlacementError(f"{comp}: parallel batch streams from one shared host copy, not "
+                             f"from disk; use params cpu or leave params to auto-fit")
+    if len(gpus) < 2 and runtime is None:
+        raise PlacementError(f"{comp}: parallel batch needs two or more GPUs and the "
+                             f"inventory has {len(gpus)}; {accepted}")
+    one = SimpleNamespace(runtime=None, params=choice.params if choice.params == "cpu"
+                          else None, split_mode=None, parallel=None)
+    r = make_rules(one, geo, preset, gpus, caps, real_gpus)
+    if choice.params not in (None, "cpu"):        # a runtime device: resident on each
+        r.persist_res, r.float_res, r.stream = True, False, False
+    r.runtime = runtime
+    r.params = choice.params
+    r.persist_split = r.float_split = r.split_stream = r.cpu = False
+    r.params_elsewhere = False
+    r.batch = r.batch_only = True
+    r.pipeline = False
     return r
 
 

@@ -43,6 +43,11 @@ class Search(Pricing):
         self.host_budget = host_budget
         self.depth = depth
         self.homogeneous = len(set(self.tp)) <= 1 and len(set(self.bw)) <= 1
+        # GPUs of other machines (ALIAS.DEVICE, placement/remote_devices.py): only a layer
+        # split's range held there for the session runs on them (runtime/distributed),
+        # and auto-fit gives one only when its network hops price faster than the rest
+        self.remote = {d for d, g in enumerate(gpus) if "." in g}
+        self.alternatives: Dict[str, Dict[str, Option]] = {}
         self.comps = sorted(geos, key=lambda c: (-geos[c].total, c))
         self._phase_cache: Dict[tuple, Optional[Tuple[float, list]]] = {}
         self.leaves = 0
@@ -90,8 +95,67 @@ class Search(Pricing):
         rt = self.rules[c].runtime
         if rt is None:
             allowed = self.rules[c].gpus
-            return [d for d in range(self.G) if allowed is None or self.gpus[d] in allowed]
+            return [d for d in range(self.G) if (allowed is None or self.gpus[d] in allowed)
+                    and d not in self.remote]
         return [self.gidx[n] for n in rt if n in self.gidx]
+
+    def _batch_sets(self, c: str, rooms: Sequence[int]) -> List[List[int]]:
+        """Device sets for batch parallel: the asked runtime list, else the k roomiest
+        local GPUs for k = 2 .. the batch's items (a device needs a share)."""
+        rule = self.rules[c]
+        if rule.runtime is not None:
+            devs = [self.gidx[n] for n in rule.runtime if n in self.gidx]
+            return [devs] if len(devs) >= 2 else []
+        order = sorted(self._devices(c), key=lambda d: (-rooms[d], d))
+        top = min(len(order), max(2, self.work[c].items))
+        return [order[:k] for k in range(2, top + 1)]
+
+    def _batch_options(self, c: str, rooms: Sequence[int], persistent: bool) -> List[Option]:
+        """Batch-parallel placements of `c` in `rooms` (persistent: bytes for its weights
+        beside its working memory, else the room of its phase)."""
+        rule, geo = self.rules[c], self.geos[c]
+        if not rule.batch or (self.work[c].items < 2 and not rule.batch_only):
+            return []
+        out: List[Option] = []
+        for devs in self._batch_sets(c, rooms):
+            counts = self.share_items(c, devs)
+            hr = self.share_headroom(c, max(counts))
+            if persistent:
+                if rule.persist_res and all(geo.total + hr <= rooms[d] for d in devs):
+                    out.append(self.batch(c, devs, "resident", True))
+                continue
+            source = self._source(c)
+            if source != "cpu":
+                continue                  # one shared host copy: never from disk
+            if rule.float_res and all(geo.total + hr <= rooms[d] for d in devs):
+                out.append(self.batch(c, devs, "resident", False))
+            if rule.stream and geo.n >= 2:
+                for depth in range(self.depth_for(c), -1, -1):
+                    if rule.prefix_zero:
+                        ks = [0] if all(geo.stream_weights(0, depth) + hr <= rooms[d]
+                                        for d in devs) else []
+                    else:
+                        fits = [geo.best_prefix(rooms[d] - hr, depth) for d in devs]
+                        ks = [] if any(k is None for k in fits) else [min(fits)]
+                        if ks and ks[0] > 0:
+                            tight = min(devs, key=lambda d: rooms[d])
+                            alone = self._best_k(c, tight, rooms[tight] - hr, depth, source)
+                            if alone is not None and alone < ks[0]:
+                                ks.append(alone)
+                    for k in ks:
+                        if k == geo.n:
+                            continue              # all resident: the resident option
+                        o = self.batch(c, devs, "stream", False, k, depth, source)
+                        if o is not None:
+                            out.append(o)
+        return [o for o in out if o is not None]
+
+    def _with_pipelines(self, c: str, opts: List[Option]) -> List[Option]:
+        """Each resident layer split of `opts` also pipelined (rule.pipeline)."""
+        if not self.rules[c].pipeline or self.work[c].items < 2:
+            return opts
+        more = [self.pipelined(o) for o in opts]
+        return opts + [p for p in more if p is not None]
 
     def _source(self, c: str) -> str:
         return "disk" if self.rules[c].params == "disk" else "cpu"
@@ -109,6 +173,9 @@ class Search(Pricing):
         source = self._source(c)
         out: List[Option] = []
         seen = set()
+        batch = self._batch_options(c, rooms, False)
+        if rule.batch_only:
+            return batch
         for d in self._devices(c):
             room = rooms[d]
             sig = (room, self.tp[d], self.bw[d])
@@ -132,7 +199,8 @@ class Search(Pricing):
         whole = any(o.kind == "resident" for o in out)
         if rule.float_split and not (whole and self.homogeneous):
             # on equal GPUs a split only adds hops to a component that fits one whole
-            sets = self._split_sets(c, rooms)
+            sets = [devs for devs in self._split_sets(c, rooms)
+                    if not self.remote.intersection(devs)]    # remote: held for the session
             fitted = False
             for devs in sets:
                 caps = [rooms[d] - geo.headroom for d in devs]
@@ -155,7 +223,7 @@ class Search(Pricing):
                             break
         if rule.cpu:
             out.append(self.on_cpu(c, source))
-        return out
+        return self._with_pipelines(c, out) + batch
 
     def _split_sets(self, c: str, rooms: Sequence[int]) -> List[List[int]]:
         """Device sets to split over: the user's list, else the k roomiest GPUs for each k
@@ -166,9 +234,12 @@ class Search(Pricing):
             devs = [self.gidx[n] for n in rt if n in self.gidx]
             return [devs] if len(devs) >= 2 else []
         allowed = self.rules[c].gpus
+        # local GPUs first (the main device, where the module is, is local), then remote
         order = sorted((d for d in range(self.G) if rooms[d] > geo.headroom
                         and (allowed is None or self.gpus[d] in allowed)),
-                       key=lambda d: (-rooms[d], d))
+                       key=lambda d: (d in self.remote, -rooms[d], d))
+        if order and order[0] in self.remote:
+            return []
         return [order[:k] for k in range(2, len(order) + 1)]
 
     def persistent_options(self, c: str, persist: List[int],
@@ -185,6 +256,9 @@ class Search(Pricing):
             free = self.budget[d] - persist[d]
             caps.append(min(min(free - e[d] for e in extra), free - extra[p][d] - hr))
         out: List[Option] = []
+        batch = self._batch_options(c, [x + hr for x in caps], True)
+        if rule.batch_only:
+            return sorted(batch, key=lambda o: (o.cost, o.hops))
         if rule.persist_res:
             seen = set()
             for d in self._devices(c):
@@ -210,6 +284,7 @@ class Search(Pricing):
                 o = self.split(c, devs, rule.split_mode, [caps[d] for d in devs], True)
                 if o is not None:
                     out.append(o)
+        out = self._with_pipelines(c, out) + batch
         if len(out) > 1:
             out.sort(key=lambda o: (o.cost, o.hops, -min(caps[d] for d in o.persist)))
         return out
@@ -224,6 +299,12 @@ class Search(Pricing):
             opts = self.persistent_options(c, zero, empty) + \
                 self.floating_options(c, self.budget)
             lbs[c] = min((o.cost for o in opts), default=float("inf"))
+            best: Dict[str, Option] = {}       # the report's alternatives, each alone
+            for o in opts:
+                fam = o.parallel
+                if fam not in best or (o.cost, o.hops) < (best[fam].cost, best[fam].hops):
+                    best[fam] = o
+            self.alternatives[c] = best
         return lbs
 
     def run(self):
@@ -373,7 +454,7 @@ class Search(Pricing):
             if a is not o:
                 yield a
             # splits read their weights from host memory (runtime/split: no disk yet)
-            if a.source != "cpu" or rule.params == "cpu" or a.kind == "split" \
+            if a.source != "cpu" or rule.params == "cpu" or a.kind in ("split", "batch") \
                     or not rule.disk:
                 continue
             moved = self.rebuild(a, "disk")

@@ -181,6 +181,11 @@ class Figures:
     bandwidth: Dict[str, float] = field(default_factory=dict)        # host->device B/s, pinned
     disk_bandwidth: Optional[float] = None
     peer_bandwidth: Optional[float] = None
+    # per pair of GPUs: (a, b) -> (bytes/s, "peer" | "host-staged"), calibrate's "peer"
+    links: Dict[tuple, tuple] = field(default_factory=dict)
+    # per worker alias: bytes/s of the network link (a record's "network": {alias:
+    # {"bytes_per_s"}}; given figures (--network-bandwidth) take precedence)
+    network_bandwidth: Dict[str, float] = field(default_factory=dict)
     corrections: Dict[str, tuple] = field(default_factory=dict)      # device -> (factor, runs)
     origin: str = ""                                                 # file and date, for reports
     problem: str = ""           # why the calibration file was not used (a plan warning)
@@ -221,6 +226,14 @@ def figures_for(inventory, path: Optional[Path] = None) -> Figures:
              if _positive(v.get("bytes_per_s"))]
     if peers:
         out.peer_bandwidth = min(peers)
+    for pair, v in (record.get("peer") or {}).items():
+        a, sep, b = str(pair).partition("->")
+        if sep and a in kinds and b in kinds and _positive(v.get("bytes_per_s")):
+            how = "peer" if v.get("how") == "peer" else "host-staged"
+            out.links[(a, b)] = (float(v["bytes_per_s"]), how)
+    for alias, v in (record.get("network") or {}).items():
+        if isinstance(v, dict) and _positive(v.get("bytes_per_s")):
+            out.network_bandwidth[str(alias)] = float(v["bytes_per_s"])
     for name, by_component in (record.get("corrections") or {}).items():
         if name in kinds:
             factor, runs = _device_correction(by_component)

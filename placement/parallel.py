@@ -6,6 +6,12 @@ Batch parallel runs the whole component on every runtime device, each with its o
 placement (the plan's params and stream apply to each device), and gives each device
 a share of every forward's batch. So it needs two or more runtime devices, its weights
 are never split, and each device must hold (or stream) the whole component.
+
+With auto_fit, parallel batch is decided by the planner (placement/fit_rules.py,
+fit_search.py): asked, it is the only placement priced for the component (on the named
+devices, or the GPUs auto-fit picks); unset, it is priced beside the plain placements
+and the pipelined layer split and chosen when predicted fastest; parallel none forbids
+both.
 """
 from typing import Dict, Optional
 
@@ -31,10 +37,14 @@ def smallest_budget(cp, budgets: Dict[str, Optional[int]]) -> Optional[int]:
     return min(given) if given else None
 
 
-def refuse_with_auto_fit(request) -> None:
-    asked = [c for c, ch in request.choices.items() if getattr(ch, "parallel", None) == "batch"]
-    if asked:
-        raise PlacementError(
-            f"{', '.join(asked)}: parallel batch is not decided by auto_fit yet; turn "
-            f"auto_fit off and name the devices (backend {asked[0]}=cuda0&cuda1, "
-            f"split_mode {asked[0]}=batch)")
+def check_with_auto_fit(request) -> None:
+    """parallel batch asked with auto_fit: the backend, when given, must name two or more
+    GPUs (auto-fit decides everything else against the budgets, fit_rules.py)."""
+    for comp, ch in request.choices.items():
+        if getattr(ch, "parallel", None) != "batch" or not ch.runtime:
+            continue
+        if "cpu" in ch.runtime or len(ch.runtime) < 2:
+            raise PlacementError(
+                f"{comp}: parallel batch needs two or more GPUs and the backend gives "
+                f"{'&'.join(ch.runtime)}; name two or more GPUs (backend {comp}=cuda0&cuda1) "
+                f"or leave the backend to auto-fit, or drop parallel batch")

@@ -147,8 +147,8 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
     for comp, cp in pins.items():
         request.choices[comp] = Choice(list(cp.runtime), cp.params, cp.split_mode)
     if spec.auto_fit:
-        from .parallel import refuse_with_auto_fit
-        refuse_with_auto_fit(request)
+        from .parallel import check_with_auto_fit
+        check_with_auto_fit(request)
         from .fit import FitOptions, fit
         options = FitOptions(offload_mode=spec.offload_mode, resolution=resolution,
                              frames=frames, batch=batch, executor=executor, **fit_options)

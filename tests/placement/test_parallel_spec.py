@@ -58,13 +58,15 @@ def test_explicit_plan_puts_it_in_the_plan_with_both_devices():
     assert p.components["te"].parallel == "none"
 
 
-def test_one_device_or_auto_fit_is_refused():
+def test_one_device_is_refused_with_or_without_auto_fit():
     inv = Inventory.simulated(INV)
     with pytest.raises(PlacementError, match="two or more runtime devices"):
         plan(PlacementSpec(backend="diffusion=cuda0", parallel="diffusion=batch"), inv)
-    with pytest.raises(PlacementError, match="not decided by auto_fit"):
-        plan(PlacementSpec(backend="diffusion=cuda0&cuda1", parallel="diffusion=batch",
+    with pytest.raises(PlacementError, match="needs two or more GPUs and the backend gives "
+                                             "cuda0;"):
+        plan(PlacementSpec(backend="diffusion=cuda0", parallel="diffusion=batch",
                            auto_fit=True), inv)
+    # asked with auto_fit and two devices: honoured (tests/placement/test_fit_parallel.py)
 
 
 def test_the_comfyui_executor_runs_it_for_the_diffusion_model_only():
