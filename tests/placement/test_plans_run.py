@@ -117,3 +117,45 @@ def test_plan_returns_then_place_runs(models, arch, backend, param, split, strea
                                       f"{type(exc).__name__}: {exc}")
         return
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def _batched(inp, n):
+    """The same inputs with a batch of n (the sequence ids are not batched)."""
+    g = torch.Generator().manual_seed(1)
+    out = dict(inp)
+    for k, v in inp.items():
+        if isinstance(v, torch.Tensor) and k not in ("img_ids", "txt_ids"):
+            out[k] = torch.randn((n,) + tuple(v.shape[1:]), generator=g) if v.dim() > 1 \
+                else v.repeat(n)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["flux", "sd3"])
+@pytest.mark.parametrize("parallel", ["batch", "pipeline"])
+def test_parallel_plans_auto_fit_chooses_run_with_a_batch_of_2(models, arch, parallel):
+    """Issue 13: auto-fit picks batch parallel (each GPU holds the model) or the
+    pipelined split (neither does, host RAM too small to stream from) on its own, for
+    CFG's batch of 2; runtime.place runs the plan and the output equals the module's."""
+    module, inp, _, path, size = models[arch]
+    # batch: room for the model and its working memory (128 KiB) on each; pipeline:
+    # room for 70% of it and the working memory
+    gpu = int(size * 3 / KiB) + 256 if parallel == "batch" else int(size * 0.7 / KiB) + 128
+    host = "64GiB" if parallel == "batch" else f"{size // 4 // KiB}KiB"
+    inv = Inventory.simulated(f"cuda0={gpu}KiB,cuda1={gpu}KiB,cpu={host}")
+    # tiny models compute in nanoseconds at the default speed, where a hop's latency
+    # decides; at 1 GFLOP/s their compute dominates as a real model's does
+    p = plan(PlacementSpec(auto_fit=True), inv, {"diffusion": module}, resolution=(64, 64),
+             headroom={"diffusion": 128 * KiB}, budget_margin=0, host_margin=0, cond_batch=2,
+             throughput={"gpu": 1e9, "cpu": 1e8})
+    cp = p.components["diffusion"]
+    assert cp.parallel == parallel, cp.reasons
+    x = _batched(inp, 2)
+    with torch.no_grad():
+        ref = module(**x)[0]
+    with place(module, p, "diffusion", inv, weights_file=path) as placed:
+        with torch.no_grad():
+            out = module(**x)[0]
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    stats = placed.stats()
+    used = [d for d, s in stats["devices"].items() if s.get("peak_bytes", 0) > 0]
+    assert {"cuda0", "cuda1"} <= set(used), stats
