@@ -30,6 +30,9 @@ def add_speed_flags(p) -> None:
                    "e.g. cuda0=25GB/s")
     p.add_argument("--disk-bandwidth", metavar="B/s", help="what-if disk read, e.g. 3GB/s")
     p.add_argument("--peer-bandwidth", metavar="B/s", help="what-if GPU-to-GPU, e.g. 50GB/s")
+    p.add_argument("--network-bandwidth", metavar="B/s", help="the link to remote workers "
+                   "(devices ALIAS.DEVICE): one figure, or ALIAS=B/s entries, e.g. "
+                   "1.25GB/s (10 GbE) or w1=12.5GB/s,w2=1.25GB/s")
 
 
 def speed_options(args) -> dict:
@@ -43,10 +46,28 @@ def speed_options(args) -> dict:
         out["disk_bandwidth"] = parse_bandwidth(args.disk_bandwidth, "--disk-bandwidth")
     if args.peer_bandwidth:
         out["peer_bandwidth"] = parse_bandwidth(args.peer_bandwidth, "--peer-bandwidth")
+    if getattr(args, "network_bandwidth", None):
+        out["network_bandwidth"] = parse_network(args.network_bandwidth)
     if out and not args.auto_fit:
         flags = ", ".join("--" + k.replace("_", "-") for k in out)
         raise PlacementError(f"{flags} need{'s' if len(out) == 1 else ''} --auto-fit (only "
                              f"auto-fit predicts times)")
+    return out
+
+
+def parse_network(text: str):
+    """'1.25GB/s' (every worker) or 'w1=12.5GB/s,w2=1.25GB/s' (per worker alias)."""
+    if "=" not in str(text):
+        return parse_bandwidth(text, "--network-bandwidth")
+    out = {}
+    for item in str(text).split(","):
+        alias, eq, value = item.strip().partition("=")
+        alias = alias.strip().lower()
+        if not eq or not alias or "." in alias:
+            raise PlacementError(f"invalid --network-bandwidth entry {item.strip()!r}; "
+                                 f"expected B/s, or ALIAS=B/s entries separated by commas "
+                                 f"(e.g. w1=12.5GB/s)")
+        out[alias] = parse_bandwidth(value, "--network-bandwidth value")
     return out
 
 

@@ -77,6 +77,10 @@ def test_calibrate_table_and_no_save(cache, tmp_path, capsys):
     (["--simulate", "cuda0=8GiB", "--bandwidth", "cuda0=25GB"],
      "invalid --bandwidth value '25GB'"),
     (["--simulate", "cuda0=8GiB", "--disk-bandwidth", "fast"], "invalid --disk-bandwidth 'fast'"),
+    (["--simulate", "cuda0=8GiB", "--network-bandwidth", "w1=fast"],
+     "invalid --network-bandwidth value 'fast'"),
+    (["--simulate", "cuda0=8GiB", "--network-bandwidth", "w1.cuda0=1GB/s"],
+     "invalid --network-bandwidth entry 'w1.cuda0=1GB/s'"),
     (["--simulate", "cuda0=8GiB@3GB/x"], "throughput of simulated device cuda0"),
 ])
 def test_bad_speed_flags_are_one_line(cache, capsys, argv, message):
@@ -88,3 +92,15 @@ def test_bad_speed_flags_are_one_line(cache, capsys, argv, message):
 def test_speed_flags_need_auto_fit(cache, capsys):
     assert cli.main(["plan", "--simulate", "cuda0=8GiB", "--throughput", "1T"]) == 2
     assert "--throughput needs --auto-fit" in capsys.readouterr().err
+
+
+def test_network_bandwidth_flag_prices_the_link_to_a_worker(cache, tmp_path, capsys):
+    model = tf.write_header_file(tmp_path / "m.safetensors", tf.sd3(hidden=64, depth=3))
+    for flag, want in (("5GB/s", 5e9), ("w1=12.5GB/s", 12.5e9)):
+        assert cli.main(["plan", "--auto-fit", "--json", "--model", f"diffusion={model}",
+                         "--simulate", "cuda0=8GiB,w1.cuda0=8GiB,cpu=16GiB",
+                         "--network-bandwidth", flag]) == 0
+        links = json.loads(capsys.readouterr().out)["fit"]["cost_model"]["links"]
+        assert links["cuda0->w1.cuda0"] == {"kind": "network", "bytes_per_s": want,
+                                            "latency_s": links["cuda0->w1.cuda0"]["latency_s"],
+                                            "source": "given"}
