@@ -144,7 +144,7 @@ class CopyLoad:
 
     def __init__(self, placed, blocks, link):
         self.transfer = SimTransfer("copy-load", link)
-        bufs = {g.name: buf for g, buf in placed.resident_bufs}
+        bufs = {g.name: buf for _, g, buf in placed.resident_bufs}
         self.dsts = [bufs[name] for name, _ in blocks]
         self.sources = [d.clone() for d in self.dsts]
         self.handles = [b.register_forward_pre_hook(self._hook(i)) for i, (_, b) in

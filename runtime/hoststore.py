@@ -132,14 +132,3 @@ def drop_store(module: torch.nn.Module) -> int:
     DROPS.append((type(module).__name__, n))
     del DROPS[:-32]
     return n
-
-
-def packed_host(g: Group, sources: Sequence[torch.Tensor], pool, store: Optional[HostStore],
-                repoint=None) -> Tuple[torch.Tensor, int]:
-    """Group `g`'s packed host buffer and the bytes packed for it now: the store's kept
-    buffer (packed again only when stale), or without a store a new one from `pool`."""
-    if store is not None:
-        return store.host_for(g, sources, pool.alloc_flagged, repoint)
-    buf = pool.alloc(g.nbytes)
-    g.pack(buf, sources)
-    return buf, g.nbytes

@@ -72,9 +72,3 @@ def merged_copies(batch: Sequence[Staged]) -> List[Staged]:
         else:
             out.append(piece)
     return out
-
-
-def reader(file: WeightFile, runs):
-    def read(buf: torch.Tensor) -> None:
-        file.read_runs(runs, buf)
-    return read

@@ -25,7 +25,7 @@ from ..blocks import find_blocks
 from ..gguf.linear import GGUFLinear, quantized_rows
 from ..residency import Group
 from ..tensors import make_group, seen_bytes, to_device
-from .base import SplitBase
+from ..engine import Engine
 
 MIN_ROWS = MIN_COLS = 256
 _MISSING = object()
@@ -66,18 +66,22 @@ class _Shard:
         self.loras = loras           # [(down, up_rows, scale)]
 
 
-class RowSplit(SplitBase):
+class RowSplit(Engine):
     mode = "row"
+
+    def __init__(self, module, plan, component: str, inventory, **options):
+        super().__init__(module, plan, component, inventory, **options)
+        self._check_split_params()
 
     @classmethod
     def applies(cls, module: nn.Module, block_names=None) -> bool:
         return bool(eligible_linears(module, block_names))
 
-    def _prepare(self) -> None:
+    def _prepare(self, by_id) -> None:
         if self.cplan.params == "disk":
             raise PlacementError(f"{self.component}: row split reads its shards from memory; "
                                  f"params=disk is supported by layer split, use params=cpu")
-        by_id = self._capture()
+        self._check_not_meta()
         linears = eligible_linears(self.module, self.block_names)
         lora = dict(self.lora or {})
         named = dict(self.module.named_modules())
@@ -133,8 +137,7 @@ class RowSplit(SplitBase):
             if pieces:
                 self.resident[d].append(Group(f"row shards on {self.targets[d].name}", pieces,
                                               [[f"piece{i}"] for i in range(len(pieces))]))
-        if self.host_store is not None:
-            self.host_store.retain(())        # row shards are views: no host copies
+        self.store.retain(())               # row shards are views: no host copies
         self.shard_counts = {t.name: sum(1 for _, p in self._layout for s in p if s[0] == d)
                              for d, t in enumerate(self.targets)}
         self.sharded = len(linears)
@@ -143,7 +146,8 @@ class RowSplit(SplitBase):
         # a fresh tensor object: Group.bind rebinds it, never the module's own tensors;
         # registered with the originals so unloading points it back at its resting rows
         piece = t.detach()
-        self.originals[id(piece)] = (piece, piece.data)
+        self.originals[id(piece)] = (piece, None)
+        self.rest[id(piece)] = piece.data
         self._pieces[d].append(piece)
         return len(self._pieces[d]) - 1
 
@@ -256,7 +260,7 @@ class RowSplit(SplitBase):
         return None
 
     def _more_stats(self) -> dict:
-        return {"sharded_linears": getattr(self, "sharded", 0),
+        return {**self._split_stats(), "sharded_linears": getattr(self, "sharded", 0),
                 "shards_per_device": dict(getattr(self, "shard_counts", {}))}
 
 

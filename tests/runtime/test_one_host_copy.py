@@ -54,7 +54,7 @@ def test_layer_split_stream_holds_one_copy(tiny, run_model, sim_inventory):
     plan = split_plan({"cuda0": [0, 1], "cuda1": [2, 4]}, {"cuda0": None, "cuda1": None})
     with place(model, plan, "diffusion", sim_inventory) as placed:
         assert sum(placed.stats()["streamed_blocks"].values()) == 5
-        held = storages([d for _, d in placed.originals.values()] +
+        held = storages(list(placed.rest.values()) +
                         [s.host for st in placed.streamers for s in st.sources])
         assert sum(held.values()) == total          # not total + the streamed bytes
         assert torch.equal(run_model(model, inp), ref)
@@ -123,7 +123,7 @@ def test_reload_after_release_is_one_copy_per_resident_group(tiny, run_model, pl
         with CopiesInto() as seen:
             out = run_model(model, inp)
         assert torch.equal(out, ref)
-        bufs = {buf.untyped_storage().data_ptr(): g for g, buf in placed.resident_bufs}
+        bufs = {buf.untyped_storage().data_ptr(): g for _, g, buf in placed.resident_bufs}
         into = [(bufs[d], s) for d, s in seen.seen if d in bufs]
         assert sorted(g.name for g, _ in into) == sorted(g.name for g in
                                                         placed.resident_groups)

@@ -7,7 +7,7 @@ import torch
 
 from comfyui_placement.runtime import place
 import importlib
-place_module = importlib.import_module("comfyui_placement.runtime.place")
+engine_module = importlib.import_module("comfyui_placement.runtime.engine")
 from comfyui_placement.runtime.pinned import PinnedAccount, default_cap
 from comfyui_placement.runtime.residency import PinnedPool
 
@@ -74,7 +74,7 @@ def test_pinned_host_ram_of_a_streamed_placement_is_the_streamed_weights(
         def __init__(self, enabled, cap):
             super().__init__(True, cap, account=acc)
 
-    monkeypatch.setattr(place_module, "PinnedPool", Pinning)
+    monkeypatch.setattr(engine_module, "PinnedPool", Pinning)
     model, inp = tiny("flux")
     ref = run_model(model, inp)
     with place(model, plan_for("cpu", stream=(0, 1)), "diffusion", sim_inventory) as placed:

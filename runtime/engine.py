@@ -1,0 +1,375 @@
+"""The engine every runtime is. One device (place.py) is the one-stage case of the staged
+block engine (stages.py), whose many-stage case is the layer split (split/layer.py); the
+row split (split/row.py) shares everything here and shards Linear weights instead.
+
+What lives here, once:
+- entering and leaving: capture the module's tensors and their resting values, open one
+  Target per runtime device, prepare (the subclass: groups, ranges, streamers), load,
+  attach hooks; leaving detaches, unloads, closes the targets and puts every tensor back
+  through restore.put_back (the one restore path), also after an error, raising the
+  first error only (faults.teardown_after);
+- device memory of the resident groups: allocated through each Target's ledger and
+  filled in one place (`_fill`): from the group's packed host copy in one copy, from the
+  weights file (several reads in flight), or packed from the module's resting tensors.
+  `release()` gives the device memory back and packs each resident group that rests in
+  host memory into one host buffer, so the reload is one copy per group;
+- host memory: one `HostStore` of packed host copies (hoststore.py; the caller's when it
+  keeps one across runs, else the placement's own), whose buffers come from one
+  `PinnedPool` (exact-size pinned buffers within a cap on CUDA, else pageable);
+- stats.
+Where a streamed block arrives is runtime/stream.py (`Streamer._pre`).
+"""
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..placement.errors import PlacementError
+from .faults import teardown_after
+from .hoststore import HostStore
+from .residency import Group, PinnedPool, default_pinned_cap, give_back_freed_host_memory
+from .restore import put_back
+from .simdevice import Link
+from .target import open_target
+from .tensors import key_mapper, module_tensors
+from .split.disk import fill_from_file
+from .split.hops import DEFAULT_HOP_LINK
+from .split.moves import Mover
+
+
+def headroom_for(option: Union[None, int, Dict[str, int]], device: str) -> int:
+    if option is None:
+        return 0
+    if isinstance(option, dict):
+        return int(option.get(device, 0))
+    return int(option)
+
+
+def _pageable(nbytes: int):
+    return torch.empty(nbytes, dtype=torch.uint8), False
+
+
+def plan_budget(plan, name: str) -> Optional[int]:
+    for d in plan.devices:
+        if d.name == name:
+            return d.budget_bytes
+    return None
+
+
+class Engine:
+    """Subclasses give `_prepare(by_id)` (fill `self.resident`, `self.streamers`) and
+    `_attach()` (hooks), and may add `_after_load`, `_free_extra`, `_more_stats`."""
+    mode = "engine"
+
+    def __init__(self, module: nn.Module, plan, component: str, inventory, *,
+                 blocks: Optional[Sequence] = None, link: Optional[Link] = None,
+                 hop_link: Optional[Link] = None,
+                 headroom_bytes: Union[None, int, Dict[str, int]] = None,
+                 max_pinned_bytes: Optional[int] = None, weights_file: Optional[str] = None,
+                 key_map: Union[None, Dict[str, str], Callable[[str], str]] = None,
+                 lora=None, host_store=None, repoint: Optional[Callable] = None):
+        self.module = module
+        self.component = component
+        self.cplan = self._component_plan(plan, component)
+        # what auto-fit decided beyond the v1 keys (headroom, per-device stream prefixes)
+        fit = (getattr(plan, "extra", None) or {}).get("fit") or {}
+        self.fit_info = (fit.get("components") or {}).get(component) or {}
+        self.runtime = list(self.cplan.runtime)
+        self.devices = [inventory.get(n) for n in self.runtime]
+        self.budgets = [plan_budget(plan, n) for n in self.runtime]
+        self.block_names = None if blocks is None else [getattr(b, "name", b) for b in blocks]
+        self.link = link
+        self.hop_link = hop_link or DEFAULT_HOP_LINK
+        self.headroom_option = headroom_bytes
+        self.max_pinned_bytes = max_pinned_bytes
+        self.weights_file = weights_file
+        self.key_map = key_mapper(key_map)
+        self.lora = lora
+        self.host_store = host_store        # the caller's HostStore, kept across runs
+        # the one store of packed host copies: the caller's, or this placement's own
+        self.store = host_store if host_store is not None else HostStore()
+        self.repoint = repoint              # shadow.Shadow.repoint (with host_store)
+        self.file = None
+        self.targets: List = []
+        self.mover: Optional[Mover] = None
+        self.pool: Optional[PinnedPool] = None
+        # every tensor of the module: id -> (tensor, device it was on), and its resting
+        # value (its own data, or a view of the packed host copy that holds it once)
+        self.originals: Dict[int, tuple] = {}
+        self.rest: Dict[int, torch.Tensor] = {}
+        self.resident: List[List[Group]] = []     # per device: groups held while placed
+        self.resident_bufs: List[tuple] = []      # (device index, group, device buffer)
+        self.resident_host: Dict[int, torch.Tensor] = {}   # id(group): packed host copy
+        self.disk_layouts: Dict[int, object] = {}          # id(group): DiskLayout (disk)
+        self.streamers: List = []
+        self.in_place_bytes = 0             # weights already where the plan wants them
+        self.host_pack_bytes = 0
+        self.loaded = False
+        self.forwards = 0
+        self.hops = 0
+        self._handles: List = []
+        self._final_stats = None
+
+    @staticmethod
+    def _component_plan(plan, component: str):
+        comp = plan.components.get(component)
+        if comp is None:
+            raise PlacementError(f"plan has no component {component!r}; it has: "
+                                 f"{', '.join(plan.components) or 'none'}")
+        if not comp.runtime:
+            raise PlacementError(f"{component}: plan gives no runtime device")
+        return comp
+
+    @property
+    def resident_groups(self) -> List[Group]:
+        return [g for groups in self.resident for g in groups]
+
+    # -- context ------------------------------------------------------------------------
+    def __enter__(self):
+        try:
+            by_id = self._capture()
+            self._open_targets(by_id)
+            self._prepare(by_id)
+            self._load()
+            self._attach()
+        except BaseException as exc:
+            teardown_after(self._teardown, exc)
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        teardown_after(self._teardown, exc)
+        return False
+
+    def _capture(self) -> Dict[int, list]:
+        by_id = module_tensors(self.module)
+        self.by_name: Dict[str, torch.Tensor] = {n: t for t, names in by_id.values()
+                                                 for n in names}
+        self.originals = {i: (t, t.device) for i, (t, _) in by_id.items()}
+        self.rest = {i: t.data for i, (t, _) in by_id.items()}
+        return by_id
+
+    def _check_not_meta(self) -> None:
+        if self.cplan.params != "disk" and any(d.is_meta for d in self.rest.values()):
+            raise PlacementError(f"{self.component}: the module's weights are on the meta "
+                                 f"device; use params=disk with the model file")
+
+    def _open_targets(self, by_id) -> None:
+        def held(dev):                      # weights of this module already on the device
+            return sum(t.numel() * t.element_size() for t, _ in by_id.values()
+                       if t.device == dev)
+        for dev, budget in zip(self.devices, self.budgets):
+            self.targets.append(open_target(dev, budget, self.link, held))
+        option = self.headroom_option
+        if option is None and self.fit_info.get("headroom_bytes") is not None:
+            option = int(self.fit_info["headroom_bytes"])     # the planner's estimate
+        self.headroom = [headroom_for(option, t.name) for t in self.targets]
+        if len(self.targets) > 1:
+            self.mover = Mover(self.targets, self.hop_link)
+        self.pool = PinnedPool(any(t.is_cuda for t in self.targets),
+                               self.max_pinned_bytes if self.max_pinned_bytes is not None
+                               else default_pinned_cap())
+
+    def _prepare(self, by_id) -> None:
+        raise NotImplementedError
+
+    def _attach(self) -> None:
+        raise NotImplementedError
+
+    def _resting(self, t: torch.Tensor) -> torch.Tensor:
+        return self.rest.get(id(t), t.data)
+
+    def _rest_in(self, g: Group, host: torch.Tensor) -> None:
+        """Group g rests in packed host buffer `host` from now on: its tensors point into
+        it and the module's former storage is let go (RAM holds the weights once)."""
+        g.bind(host)
+        for t, v in zip(g.tensors, g.views(host)):
+            self.rest[id(t)] = v
+
+    # -- splits (layer and row) ----------------------------------------------------------
+    def _check_split_params(self) -> None:
+        c = self.cplan
+        if c.params == "disk" and not self.weights_file:
+            raise PlacementError(f"{self.component}: params=disk needs the model file; pass "
+                                 f"weights_file=PATH (.safetensors or .gguf)")
+        if c.params not in ("cpu", "disk") and c.params not in self.runtime:
+            raise PlacementError(f"{self.component}: params on {c.params} with a split over "
+                                 f"{'&'.join(self.runtime)} is not supported; params must be "
+                                 f"cpu, disk or one of the runtime devices")
+
+    def share_weights(self, held_on_main: int) -> List[float]:
+        """Each device's room for its share: budget minus headroom, minus what the main
+        device holds besides (non-block weights)."""
+        out = []
+        for i, t in enumerate(self.targets):
+            room = t.ledger.capacity - self.headroom[i] - (held_on_main if i == 0 else 0)
+            out.append(float(max(0, room)))
+        if not any(out):
+            raise PlacementError(f"{self.component}: no room left on "
+                                 f"{'&'.join(self.runtime)} after headroom and the main "
+                                 f"device's non-block weights; raise the budgets")
+        return out
+
+    def _split_stats(self) -> dict:
+        mover = self.mover
+        return {"hop_copies": mover.copies if mover else 0,
+                "hop_seconds_modelled": mover.seconds if mover else 0.0,
+                "forwards": self.forwards, "split_mode": self.mode}
+
+    # -- device memory ------------------------------------------------------------------
+    def _load(self) -> None:
+        if self.loaded:
+            return
+        allocated = []
+        main = self.targets[0]
+        main.ledger.reserve("resident", self.in_place_bytes, "weights in place")
+        try:
+            for d, groups in enumerate(self.resident):
+                for g in groups:
+                    buf = self.targets[d].alloc(g.nbytes, "resident", f"resident {g.name}")
+                    allocated.append((d, g, buf))
+            for s in self.streamers:
+                s.allocate()
+        except BaseException:
+            main.free(self.in_place_bytes, "resident")
+            for d, g, _ in allocated:
+                self.targets[d].free(g.nbytes, "resident")
+            for s in self.streamers:
+                s.free()
+            raise
+        self.resident_bufs = allocated
+        for d, g, buf in allocated:
+            self.targets[d].ledger.count_h2d(g.nbytes)
+            self._fill(g, buf)
+            g.bind(buf)
+        for t in self.targets:
+            if t.is_cuda:
+                torch.cuda.synchronize(t.device)
+        self.loaded = True
+        self._after_load()
+
+    def _fill(self, g: Group, buf: torch.Tensor) -> None:
+        """A resident group onto its device buffer: from its packed host copy (one copy),
+        from the weights file, or packed from the module's resting tensors."""
+        host = self.resident_host.get(id(g))
+        if host is not None:
+            buf.copy_(host, non_blocking=buf.device.type == "cuda" and host.is_pinned())
+            return
+        layout = self.disk_layouts.get(id(g))
+        if layout is None:
+            g.pack(buf, [self._resting(t) for t in g.tensors])
+            return
+        try:
+            fill_from_file(self.file, layout, g, buf, self._resting, self.pool.alloc)
+        except PlacementError as exc:
+            raise PlacementError(f"{self.component}: {exc}") from None
+
+    def _after_load(self) -> None:
+        """Subclasses: work on the freshly loaded device copies (LoRA patches)."""
+
+    def _unload(self) -> None:
+        """Give the device memory back; tensors point at their resting copies."""
+        if not self.loaded:
+            return
+        try:
+            for s in self.streamers:
+                s.free()                # a failed copy surfaces here, after its frees
+        finally:
+            self.targets[0].free(self.in_place_bytes, "resident")
+            for d, g, _ in self.resident_bufs:
+                self.targets[d].free(g.nbytes, "resident")
+            self.resident_bufs = []
+            put_back((t, self.rest[id(t)], None) for t, _ in self.originals.values())
+            for t in self.targets:
+                if t.is_cuda:
+                    torch.cuda.synchronize(t.device)
+            self.loaded = False
+
+    def release(self) -> None:
+        """Give every device's memory back (before VAE decode, on unload); the next
+        forward loads again, each resident group in one copy from its packed host copy
+        (streamed blocks stream from theirs as before)."""
+        self._unload()
+        self._pack_resident_host()
+
+    def _pack_resident_host(self) -> None:
+        """Resident groups that rest in host memory get one packed host buffer each
+        (pinned on CUDA within the cap; with a host store the store's, pageable, so the
+        caller's tensors can be pointed into it), which becomes their resting copy: RAM
+        still holds the weights once. Done at the first release, not at entry: a
+        placement that never releases pays no pack."""
+        for g in self.resident_groups:
+            if id(g) in self.resident_host or id(g) in self.disk_layouts:
+                continue
+            sources = [self._resting(t) for t in g.tensors]
+            if any(s.device.type != "cpu" or s.is_meta for s in sources):
+                continue                # not host memory: nothing to pack from
+            # a caller's store: pageable, the caller's tensors are pointed into it
+            alloc = _pageable if self.host_store is not None else self.pool.alloc_flagged
+            host, packed = self.store.host_for(g, sources, alloc, self.repoint)
+            self.host_pack_bytes += packed
+            self.resident_host[id(g)] = host
+            self._rest_in(g, host)
+            if packed and self.host_store is None:
+                give_back_freed_host_memory()
+
+    # -- exit ---------------------------------------------------------------------------
+    def _detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for s in self.streamers:
+            s.detach()
+
+    def _free_extra(self) -> None:
+        """Subclasses: device memory held beside the groups (LoRA patches)."""
+
+    def _teardown(self) -> None:
+        self._detach()
+        if self.mover is not None:
+            self.mover.end_forward()          # drop copies a forward stopped midway left
+        try:
+            if self.targets:
+                try:
+                    try:
+                        self._unload()
+                    finally:
+                        self._free_extra()
+                finally:
+                    self._final_stats = self._stats_now()
+                    for t in self.targets:
+                        t.close()
+        finally:
+            self._restore()
+            self.targets = []
+            if self.file is not None:
+                self.file.close()
+                self.file = None
+
+    def _restore(self) -> None:
+        originals, self.originals = self.originals, {}
+        put_back((t, self.rest[id(t)], device) for t, device in originals.values())
+
+    # -- stats ----------------------------------------------------------------------------
+    def _stats_now(self) -> dict:
+        mover = self.mover
+        out = {"devices": {t.name: t.ledger.stats() for t in self.targets},
+               "hops": self.hops, "hop_bytes": mover.bytes if mover else 0,
+               "host_pack_bytes": self.host_pack_bytes}
+        pool = self.pool
+        out["pinned_bytes"] = pool.pinned_bytes if pool is not None else 0
+        out["pageable_host_bytes"] = pool.pageable_bytes if pool is not None else 0
+        if pool is not None and pool.warning:
+            out["pinned_warning"] = pool.warning
+        out.update(self._more_stats())
+        return out
+
+    def _more_stats(self) -> dict:
+        return {}
+
+    def stats(self) -> dict:
+        if not self.targets:
+            if self._final_stats is None:
+                raise PlacementError("stats() before the placement was entered")
+            return self._final_stats
+        return self._stats_now()

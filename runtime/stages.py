@@ -1,0 +1,255 @@
+"""The staged block engine: a module's repeated blocks cut into contiguous stages, one per
+runtime device. One device is the one-stage case (place.py's `Placed`); several are the
+layer split (split/layer.py), whose activations hop at the stage boundaries.
+
+Per stage: the non-block weights rest on the first (main) device, which runs the
+module's own code; the first K blocks of each stage are resident and the rest stream
+through that device's byte ring (runtime/stream.Streamer, where a block arrives). The
+block grouping and the ring's arithmetic are placement/layout.py's, the same the
+planner prices. A streamed block rests in one packed host buffer (the module's storage
+is let go: one host copy), or in the weights file: read once into host RAM for the first
+`stream.host_blocks` streamed blocks in execution order, every forward for the rest.
+
+Subclasses decide who owns each block (`_owner`) and how many of a stage's blocks stay
+resident (`_prefix`); everything else is here.
+"""
+import threading
+from functools import partial
+from typing import List, Optional
+
+import torch
+
+from ..placement.errors import PlacementError
+from ..placement.layout import group_blocks
+from .blocks import block_tensor_ids, find_blocks
+from .engine import Engine
+from .hoststore import group_key
+from .residency import give_back_freed_host_memory
+from .stream import Source, Streamer
+from .tensors import make_group, seen_bytes, to_device
+from .weightfile import DiskLayout, open_weight_file
+
+
+class StagedEngine(Engine):
+    _pipelined = False      # split/pipeline.py: a forward's shares end each ring's forward
+    _hop_lock = threading.Lock()     # hop counting only: boundaries are few per forward
+
+    # -- what subclasses decide ---------------------------------------------------------
+    def _needs_blocks(self) -> bool:
+        return True
+
+    def _no_blocks(self) -> PlacementError:
+        return PlacementError(f"{self.component}: no repeated blocks found in "
+                              f"{type(self.module).__name__}; pass blocks=[names]")
+
+    def _owner(self, groups, nonblock_bytes: int) -> List[int]:
+        """Device index per block."""
+        raise NotImplementedError
+
+    def _prefix(self, d: int, sizes: List[int], room: int, depth: int) -> int:
+        """How many of stage d's blocks stay resident (the rest stream)."""
+        raise NotImplementedError
+
+    def _depth(self) -> int:
+        stream = self.cplan.stream
+        return max(0, stream.prefetch_depth) if stream is not None else 0
+
+    # -- prepare ------------------------------------------------------------------------
+    def _prepare(self, by_id) -> None:
+        block_list = find_blocks(self.module, self.block_names)
+        if not block_list and self._needs_blocks():
+            raise self._no_blocks()
+        if self.cplan.params == "disk":
+            if not self.weights_file:
+                raise PlacementError(f"{self.component}: params=disk needs the model file; "
+                                     f"pass weights_file=PATH (.safetensors or .gguf)")
+            self.file = open_weight_file(self.weights_file)
+        self._check_not_meta()
+        members, rest = group_blocks([block_tensor_ids(b) for _, b in block_list], by_id)
+        kept = [(n, b, m) for (n, b), m in zip(block_list, members) if m]
+        self.block_modules = [b for _, b, _ in kept]
+        groups = [make_group(n, by_id, m, self.file, self.key_map) for n, _, m in kept]
+        nonblock = make_group("non-block", by_id, rest, self.file, self.key_map) \
+            if rest else None
+        nonblock_bytes = nonblock.nbytes if nonblock else 0
+
+        self.owner = self._owner(groups, nonblock_bytes) if groups else []
+        self.ranges = {}
+        for i, d in enumerate(self.owner):
+            self.ranges.setdefault(self.runtime[d], [i, i])[1] = i
+        self.depth = depth = self._depth()
+        self.resident = [[] for _ in self.targets]
+        if nonblock:
+            self.resident[0].append(nonblock)
+        pending = []                    # (device index, streamed block indices)
+        for d, t in enumerate(self.targets):
+            idx = [i for i, o in enumerate(self.owner) if o == d]
+            sizes = [groups[i].nbytes for i in idx]
+            room = t.ledger.capacity - self.headroom[d] - (nonblock_bytes if d == 0 else 0)
+            k = self._prefix(d, sizes, room, depth) if idx else 0
+            self.resident[d] += [groups[i] for i in idx[:k]]
+            if idx[k:]:
+                if self.cplan.params not in ("cpu", "disk"):
+                    raise PlacementError(f"{self.component}: streaming part of {t.name}'s "
+                                         f"blocks needs params=cpu or disk, the plan has "
+                                         f"params={self.cplan.params}")
+                pending.append((d, idx[k:]))
+        self._make_streamers(groups, pending)
+        if self.file is not None:
+            self.disk_layouts = {id(g): DiskLayout(g, self.file, self.key_map, False)
+                                 for g in self.resident_groups}
+        # boundaries: main -> first range ... -> last range -> main
+        self.entry = [self.owner[i] != (self.owner[i - 1] if i else 0)
+                      for i in range(len(self.owner))]
+        self.exit_needed = bool(self.owner) and self.owner[-1] != 0
+        self.boundaries = sum(self.entry) + int(self.exit_needed)
+
+    def _make_streamers(self, groups, pending) -> None:
+        """One streamer per stage with streamed blocks, each block's Source: its packed
+        host copy (one host copy: the module's storage is let go), or the weights file,
+        read once into host RAM for the first `stream.host_blocks` streamed blocks in
+        execution order (RAM before disk), every forward for the rest."""
+        stream = self.cplan.stream
+        h = stream.host_blocks if stream is not None and self.file is not None else 0
+        in_ram = set(sorted(i for _, streamed in pending for i in streamed)[:h])
+        self.host_blocks = len(in_ram)
+        self.host_stream_bytes = self.disk_bytes = self.disk_read_bytes = 0
+        self.streamed_blocks = {}
+        kept_keys = []
+        for d, streamed in pending:
+            sources = []
+            for i in streamed:
+                g = groups[i]
+                if self.file is not None:
+                    layout = DiskLayout(g, self.file, self.key_map, True)
+                    if i in in_ram:
+                        host = self.pool.alloc(g.nbytes)
+                        self.file.read_runs(layout.runs, host)
+                        self.host_stream_bytes += g.nbytes
+                        self.disk_read_bytes += g.nbytes
+                        sources.append(Source(host=host))
+                    else:
+                        self.disk_bytes += g.nbytes
+                        sources.append(Source(read=self._counted_read(layout.runs, g.nbytes)))
+                    continue
+                host, packed = self.store.host_for(g, [self._resting(x) for x in g.tensors],
+                                                   self.pool.alloc_flagged, self.repoint)
+                kept_keys.append(group_key(g))
+                self.host_pack_bytes += packed
+                self._rest_in(g, host)
+                if packed and self.host_store is None:
+                    give_back_freed_host_memory()
+                sources.append(Source(host=host))
+            self.streamers.append(Streamer(self.targets[d], [groups[i] for i in streamed],
+                                           [self.block_modules[i] for i in streamed],
+                                           sources, self.depth, staging=self.pool.alloc))
+            self.streamed_blocks[self.targets[d].name] = len(streamed)
+        self.store.retain(kept_keys)        # drops groups this placement does not stream
+
+    def _counted_read(self, runs, nbytes: int):
+        file = self.file
+
+        def read(buf: torch.Tensor) -> None:
+            file.read_runs(runs, buf)
+            self.disk_read_bytes += nbytes      # one reader thread per device
+        return read
+
+    # -- hooks --------------------------------------------------------------------------
+    def _attach(self) -> None:
+        m = self.module
+        self._handles.append(m.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+        self._handles.append(m.register_forward_hook(self._root_post))
+        # inputs go to the main device on real hardware (a simulated device is host memory)
+        self._move_inputs = self.targets[0].is_cuda if self.mover is None \
+            else not self.mover.simulated
+        if self.mover is None:              # one stage: note the activations, nothing hops
+            for b in self.block_modules:
+                self._handles.append(b.register_forward_pre_hook(self._stage_pre,
+                                                                 with_kwargs=True))
+        else:
+            self._attach_boundaries()
+        for s in self.streamers:
+            s.attach()
+
+    def _attach_boundaries(self) -> None:
+        last = len(self.block_modules) - 1
+        for i, (block, d) in enumerate(zip(self.block_modules, self.owner)):
+            ledger = self.targets[d].ledger
+            pre = partial(self._block_pre, d, self.entry[i], ledger)
+            self._handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+            if i == last and self.exit_needed:
+                self._handles.append(block.register_forward_hook(partial(self._block_exit, d)))
+            elif d != 0 and self.mover.simulated:
+                self._handles.append(block.register_forward_hook(partial(self._block_tag, d)))
+
+    def _root_pre(self, module, args, kwargs):
+        if not self.loaded:
+            # a reload after release() may happen under the caller's inference mode
+            # (ComfyUI samples in it); device buffers must be normal tensors that the
+            # copy worker can write
+            with torch.inference_mode(False):
+                self._load()
+        if self.mover is not None:
+            self.mover.end_forward()          # a forward stopped midway left copies
+        self._root_in = seen_bytes(args, kwargs)
+        self.targets[0].ledger.set_activations(self._root_in, "forward inputs")
+        for s in self.streamers:
+            s.begin_forward()
+        if self._move_inputs:
+            main = self.targets[0].device
+            return to_device(args, main), to_device(kwargs, main)
+        return None
+
+    def _stage_pre(self, module, args, kwargs):
+        self.targets[0].ledger.set_activations(self._root_in + seen_bytes(args, kwargs),
+                                               "block activations")
+        return None
+
+    def _block_pre(self, d, entry, ledger, module, args, kwargs):
+        mover = self.mover
+        copies, mover.served = mover.copies, 0
+        args, kwargs = mover.bring(args, d), mover.bring(kwargs, d)
+        if entry and mover.copies != copies:
+            self._hop()
+        base = mover.cache_bytes[d] - mover.served + (self._root_in if d == 0 else 0)
+        ledger.set_activations(base + seen_bytes(args, kwargs), "block activations")
+        return args, kwargs
+
+    def _hop(self) -> None:
+        with self._hop_lock:                # pipelined shares cross boundaries at once
+            self.hops += 1
+
+    def _block_tag(self, d, module, args, output):
+        self.mover.tag_outputs(output, d)
+        return None
+
+    def _block_exit(self, d, module, args, output):
+        if self.mover.simulated:
+            self.mover.tag_outputs(output, d)
+        copies = self.mover.copies
+        output = self.mover.bring(output, 0)
+        if self.mover.copies != copies:
+            self._hop()
+        return output
+
+    def _root_post(self, module, args, output):
+        if not self._pipelined:
+            for s in self.streamers:
+                s.end_forward()
+        for t in self.targets:
+            t.ledger.set_activations(0)
+        self.forwards += 1
+        if self.mover is None:
+            return None
+        copies = self.mover.copies
+        output = self.mover.bring(output, 0)     # a tensor that skipped the exit hook
+        if self.mover.copies != copies:
+            self._hop()
+        self.mover.end_forward()
+        return output
+
+    # -- stats --------------------------------------------------------------------------
+    @property
+    def streamer(self) -> Optional[Streamer]:
+        """The one stage's streamer (None when nothing streams)."""
+        return self.streamers[0] if self.streamers else None
