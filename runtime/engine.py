@@ -67,8 +67,12 @@ class Engine:
                  headroom_bytes: Union[None, int, Dict[str, int]] = None,
                  max_pinned_bytes: Optional[int] = None, weights_file: Optional[str] = None,
                  key_map: Union[None, Dict[str, str], Callable[[str], str]] = None,
-                 lora=None, host_store=None, repoint: Optional[Callable] = None):
+                 lora=None, host_store=None, repoint: Optional[Callable] = None,
+                 skip_blocks: Optional[Sequence[str]] = None):
         self.module = module
+        # blocks another runtime owns (a worker's range, distributed/planned.py): their
+        # tensors are left alone, neither grouped nor restored here
+        self.skip_prefixes = tuple(f"{n}." for n in (skip_blocks or ()))
         self.component = component
         self.cplan = self._component_plan(plan, component)
         # what auto-fit decided beyond the v1 keys (headroom, per-device stream prefixes)
@@ -143,6 +147,9 @@ class Engine:
 
     def _capture(self) -> Dict[int, list]:
         by_id = module_tensors(self.module)
+        if self.skip_prefixes:
+            by_id = {i: (t, names) for i, (t, names) in by_id.items()
+                     if not all(n.startswith(self.skip_prefixes) for n in names)}
         self.by_name: Dict[str, torch.Tensor] = {n: t for t, names in by_id.values()
                                                  for n in names}
         self.originals = {i: (t, t.device) for i, (t, _) in by_id.items()}

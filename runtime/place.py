@@ -21,6 +21,7 @@ from typing import Dict, List
 from torch import nn
 
 from ..placement.errors import PlacementError
+from ..placement.remote_devices import is_remote
 from .stages import StagedEngine
 
 
@@ -32,8 +33,12 @@ def place(module: nn.Module, plan, component: str, inventory, **options):
     and repoint (with host_store: points the caller's tensors into pageable packed
     copies, e.g. shadow.Shadow.repoint; without a store the module's own tensors are).
     A plan whose runtime lists several devices runs on the split runtime (runtime/split,
-    more options there)."""
+    more options there); one that names worker devices (w1.cuda0) runs their ranges
+    there and the rest here (runtime/distributed/planned.py; cluster= needed)."""
     comp = plan.components.get(component)
+    if comp is not None and any(is_remote(d) for d in comp.runtime):   # w1.cuda0: a worker
+        from .distributed.planned import RemoteStages
+        return RemoteStages(module, plan, component, inventory, **options)
     if comp is not None and comp.parallel == "batch":     # whole on each device (parallel/)
         from .parallel import place_batch
         return place_batch(module, plan, component, inventory, **options)

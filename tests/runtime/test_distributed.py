@@ -302,9 +302,65 @@ def test_a_plan_gives_a_range_to_a_worker(tmp_path, workers):
     assert all(torch.equal(o, expected) for o in outs)
     assert stats["hops"] > 0 and set(stats["links"]) == {"cpu->w1.cpu", "w1.cpu->cpu"}
     assert_restored(model, snap)
-    p.components["diffusion"].runtime = ["cuda0", "cpu", "w1.cpu"]
-    with pytest.raises(PlacementError, match="local split .* not supported yet"):
-        place_remote(model, p, "diffusion", None, str(path))
+    with pytest.raises(PlacementError, match="pass cluster="):
+        place_remote(model, p, "diffusion", None, str(path), inventory=inv)
+    p.components["diffusion"].runtime = ["w1.cpu", "cpu"]
+    with pytest.raises(PlacementError, match="must be local"):
+        place_remote(model, p, "diffusion", object(), str(path), inventory=inv)
+
+
+def _remote_plan(runtime, blocks, params="cpu", stream=None):
+    from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
+    devices = [DevicePlan(n, "gpu", 256 << 20, 256 << 20, None) for n in runtime]
+    return Plan(devices, {"diffusion": ComponentPlan(
+        "diffusion", list(runtime), params, split_mode="layer", blocks=blocks,
+        stream=None if stream is None else StreamPlan(*stream))})
+
+
+@pytest.mark.parametrize("case", ["streamed", "local split", "disk"])
+def test_place_runs_a_worker_range_as_a_stage(tmp_path, workers, case):
+    """place() with a plan naming a worker device: the worker's range runs there, the
+    local ranges around it under the staged engine (streamed through cuda0's ring, split
+    over two local GPUs, or read from the file), outputs equal the local run, stats carry
+    both the local devices and the links, and the module is restored exactly."""
+    from comfyui_placement.placement.remote_devices import with_remote
+    from comfyui_placement.runtime.distributed import Cluster
+    from comfyui_placement.runtime.place import place
+    model, inp, models, path = flux(tmp_path, seed=3)
+    expected = run(model, inp)
+    w = workers(models)
+    snap = snapshot(model)
+    if case == "local split":
+        plan = _remote_plan(["cuda0", "cuda1", "w1.cpu"],
+                            {"cuda0": [0, 1], "w1.cpu": [2, 3], "cuda1": [4, 5]})
+    else:
+        plan = _remote_plan(["cuda0", "w1.cpu"], {"cuda0": [0, 5], "w1.cpu": [2, 3]},
+                            params="disk" if case == "disk" else "cpu", stream=(0, 1))
+    with Cluster(f"w1={w.address}", secret=b"loopback-secret", timeout_s=30) as cluster:
+        inv = with_remote(Inventory.simulated("cuda0=256MiB,cuda1=256MiB,cpu=8GiB"),
+                          cluster.devices())
+        with place(model, plan, "diffusion", inv, cluster=cluster,
+                   weights_file=str(path)) as placed:
+            blocks = find_blocks(model)
+            assert all(p.device.type == "meta" for _, b in blocks[2:4] for p in b.parameters())
+            outs = [run(model, inp) for _ in range(3)]
+            stats = placed.stats()
+    assert all(torch.equal(o, expected) for o in outs)
+    assert stats["remote_ranges"] == {"w1.cpu": [2, 3]}
+    assert set(stats["links"]) == {"cpu->w1.cpu", "w1.cpu->cpu"}
+    assert stats["round_trips"] == 2 + 1 + 1        # learning forward block by block, then chained
+    if case == "local split":
+        assert stats["ranges"] == {"cuda0": [0, 1], "cuda1": [2, 3]}   # local block indices
+        assert stats["devices"]["cuda1"]["resident_bytes"] > 0      # its local range
+        assert stats["hops"] > 2 * stats["round_trips"]             # local hops as well
+    else:
+        assert stats["streamed_blocks"] == 4 and stats["resident_blocks"] == 0
+        local_block_bytes = sum(p.numel() * p.element_size()
+                                for i in (0, 1, 4, 5) for p in blocks[i][1].parameters())
+        assert stats["streamed_bytes_per_forward"] == local_block_bytes
+        if case == "disk":
+            assert stats["disk_bytes_per_forward"] == local_block_bytes
+    assert_restored(model, snap)
 
 
 def test_payload_round_trip_and_refusals():
