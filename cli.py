@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "disk, per module")
     p.add_argument("--max-vram", default="", help="budget: GiB for every GPU, or "
                    "DEVICE=GiB list; negative = free minus that; 0 = off")
-    p.add_argument("--split-mode", default="", help="layer or row, per module")
+    p.add_argument("--split-mode", default="",
+                   help="layer or row, or batch / pipeline (parallel), per module")
     p.add_argument("--offload-mode", default="auto",
                    help="auto-fit preset: auto, none, model, balanced, sequential")
     p.add_argument("--lora-mode", default="auto", help="how LoRA applies: auto (runtime "

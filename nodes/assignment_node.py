@@ -27,9 +27,11 @@ TIPS = {
                 "accepted (512MiB, 6GiB), negative = free memory minus that, 0 = no budget. "
                 "Example: cuda0=6,cuda1=-1",
     "split_mode": "How a module named with a&b uses its devices: layer or row (the weights "
-                  "split), or batch (each device runs the whole module on a share of the "
-                  "batch, faster with CFG), as a default or per module. Example: "
-                  "layer,te=row or diffusion=batch",
+                  "split), batch (each device runs the whole module on a share of the "
+                  "batch, faster with CFG), or pipeline (a layer split whose devices run "
+                  "the batch's shares one behind the other, when no device holds the whole "
+                  "module), as a default or per module. Example: layer,te=row or "
+                  "diffusion=batch or diffusion=pipeline",
     "stream_layers": "Stream blocks of the diffusion model and text encoders onto the GPU "
                      "(weights rest on cpu).",
     "auto_fit": "Let the planner decide what you left unset to fit every device's budget.",

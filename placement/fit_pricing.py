@@ -426,25 +426,26 @@ class Pricing:
         o.cost = o.runs * o.forward_s + o.load_s
         return o
 
-    def pipelined(self, o: Option) -> Optional[Option]:
+    def pipelined(self, o: Option, force: bool = False) -> Optional[Option]:
         """The same layer split with the batch's shares pipelined through its stages
         (runtime/split/pipeline.py: one share per item, stage k computes share s while
         stage k+1 computes share s-1). Per share a stage takes u_j = its compute / b +
         the hop it sends; the shares take sum(u) + (b - 1) x max(u) (fill, steady
         state, drain), of whose saving over the plain split PIPELINE_EFFICIENCY is
-        realised. None: not a resident layer split, or a batch of 1."""
+        realised. None: not a resident layer split, or a batch of 1 unless `force`
+        (parallel pipeline asked: one share, priced as the plain split)."""
         if o is None or o.kind != "split" or o.split_mode != "layer" or o.ranges is None \
                 or o.per_device is not None or o.parallel != "none" \
                 or any("." in n for n in o.runtime):     # remote ranges run one by one
             return None
-        key = ("p", id(o))
+        key = ("p", id(o), force)
         if key in self._memo:
             return self._memo[key][1]
         c = o.comp
         geo, w = self.geos[c], self.work[c]
         b = w.items
         got = None
-        if b >= 2:
+        if b >= 2 or (force and b >= 1):
             devs = [self.gidx[n] for n in o.runtime]
             stage = []
             for j, (first, last) in enumerate(o.ranges):
@@ -515,7 +516,7 @@ class Pricing:
         if o.parallel == "pipeline":
             devs, layout = o.layout
             plain = self.split_layout(o.comp, devs, o.split_mode, layout, False, source)
-            return self.pipelined(plain) or o
+            return self.pipelined(plain, force=self.work[o.comp].items < 2) or o
         if o.kind == "cpu":
             return self.on_cpu(o.comp, source)
         if o.kind == "stream":

@@ -122,7 +122,9 @@ def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
                        f"{o.hops} hops")
         elif o.ranges is not None:
             parts = ", ".join(f"{n} blocks {a}-{b}" for n, (a, b) in zip(o.runtime, o.ranges))
-            out.append(f"{size} > most room on one GPU {fmt(most)} -> layer split over "
+            why = ("parallel pipeline asked" if rule.pipeline_only
+                   else f"{size} > most room on one GPU {fmt(most)}")
+            out.append(f"{why} -> layer split over "
                        f"{'&'.join(o.runtime)} in proportion to room ({parts}; "
                        f"{o.runtime[0]} also holds the non-block weights), {where}; "
                        f"{o.hops} hops {_per(o)} ({_ms(o.transfer_s)})")
@@ -155,8 +157,13 @@ def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
                     out.append(f"{c} needs at least {fmt(need)} on a GPU, the most left beside "
                                f"the rest is {fmt(most)} -> runs on cpu (last resort), "
                                f"{_ms(o.compute_s)} {_per(o)}")
-    if o.parallel == "pipeline":
-        out.append(f"batch of {search.work[c].items} per forward -> pipelined: the stages "
+    if o.parallel == "pipeline" and search.work[c].items < 2:
+        out.append(f"parallel pipeline asked; batch of {search.work[c].items} per forward -> "
+                   f"pipelined, run as the plain split until a forward brings 2 or more "
+                   f"(then the stages run the shares one behind the other)")
+    elif o.parallel == "pipeline":
+        out.append(("parallel pipeline asked; " if rule.pipeline_only else "")
+                   + f"batch of {search.work[c].items} per forward -> pipelined: the stages "
                    f"run the batch's shares one behind the other, {_ms(o.forward_s)} per "
                    f"forward vs {_ms(o.serial_s)} for the plain split")
     if yields:
@@ -209,10 +216,11 @@ def parallel_line(search: Search, o) -> str:
         return ""
     others = "; ".join(f"{_FAMILY[f]} {_ms(a.forward_s)} ({_where(a)})"
                        for f, a in sorted(alts.items()) if f != o.parallel)
-    why = "asked" if rule.batch_only else "predicted fastest"
+    why = "asked" if rule.batch_only or rule.pipeline_only else "predicted fastest"
     line = (f"parallel: {_FAMILY[o.parallel]} ({why}), {_ms(o.forward_s)} per forward; "
             f"alternatives, each with every GPU to itself: {others}")
-    if not rule.batch_only and any(a.cost < o.cost * (1 - 1e-9) for a in alts.values()):
+    if not (rule.batch_only or rule.pipeline_only) and \
+            any(a.cost < o.cost * (1 - 1e-9) for a in alts.values()):
         line += ("; the faster alone does not fit beside the rest of the plan (GPU or host "
                  "RAM budgets)")
     return line
@@ -396,6 +404,8 @@ def explain_failure(search: Search, options, budgets, host, inventory=None) -> P
         geo, rule = search.geos[c], search.rules[c]
         if rule.batch_only:
             return _batch_failure(search, c, options, budgets, host, inventory)
+        if rule.pipeline_only:
+            return _pipeline_failure(search, c, options, budgets, host, inventory)
         need = geo.total + geo.headroom
         how = "whole"
         if rule.stream and geo.n >= 2:
@@ -499,6 +509,34 @@ def _batch_failure(search: Search, c: str, options, budgets, host, inventory):
         f"auto-fit: {c}: parallel batch over {names} needs its one shared host copy "
         f"({fmt(geo.total)}) in host RAM beside the rest (budget {fmt(search.host_budget)}), "
         f"or room on each device; raise the host budget, or drop parallel batch")
+
+
+def _pipeline_failure(search: Search, c: str, options, budgets, host, inventory):
+    """parallel pipeline asked and it fits nowhere: a pipeline is a resident layer split
+    (the cost model does not pipeline a streamed one), so the GPUs must hold the whole
+    component together, each also its working memory; a split taking turns also needs
+    its host copy in host RAM."""
+    geo = search.geos[c]
+    devs = search._split_sets(c, search.budget)
+    devs = devs[-1] if devs else [d for d in search._devices(c)]
+    names = "&".join(search.gpus[d] for d in devs) or "two GPUs"
+    if len(devs) < 2:
+        return PlacementError(f"auto-fit: {c}: parallel pipeline needs two or more GPUs it "
+                              f"may run on and there are {len(devs)}; drop parallel pipeline")
+    together = geo.total + len(devs) * geo.headroom
+    have = sum(search.budget[d] for d in devs)
+    if together > have:
+        return PlacementError(
+            f"auto-fit: {c}: parallel pipeline over {names} holds the whole {c} "
+            f"({fmt(geo.total)}) across them, at least {fmt(together)} with working memory "
+            f"{fmt(geo.headroom)} on each, and their budgets hold {fmt(have)}, short by "
+            f"{fmt(together - have)} (a streamed split is not pipelined); raise max_vram or "
+            f"free GPU memory, or drop parallel pipeline")
+    return PlacementError(
+        f"auto-fit: {c}: parallel pipeline over {names} fits neither beside the rest of the "
+        f"plan on the GPUs nor taking turns with its host copy ({fmt(geo.total)}) in host RAM "
+        f"(budget {fmt(search.host_budget)}); raise the host budget or max_vram, or drop "
+        f"parallel pipeline")
 
 
 def _host_alternative(search: Search) -> str:

@@ -16,7 +16,7 @@ class Rules:
     __slots__ = ("runtime", "params", "split_mode", "persist_res", "persist_split", "float_res",
                  "stream", "float_split", "split_stream", "cpu", "prefix_zero",
                  "params_elsewhere", "gpus", "disk", "row_fallback", "batch", "batch_only",
-                 "pipeline")
+                 "pipeline", "pipeline_only")
 
     def __init__(self):
         for name in self.__slots__:
@@ -28,8 +28,9 @@ class Rules:
         self.disk = True          # params may move to disk when host RAM is short
         self.row_fallback = False  # split_mode row asked, but no matrix is big enough
         # issue 13: batch parallel may be priced (batch), is asked (batch_only: nothing
-        # else), a layer split may pipeline the batch's shares (pipeline)
-        self.batch = self.batch_only = self.pipeline = False
+        # else), a layer split may pipeline the batch's shares (pipeline), is asked to
+        # (pipeline_only: only pipelined resident layer splits are priced)
+        self.batch = self.batch_only = self.pipeline = self.pipeline_only = False
 
     @property
     def floating(self) -> bool:
@@ -50,6 +51,8 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
     parallel = getattr(choice, "parallel", None)
     if parallel == "batch":
         return _batch_rules(choice, geo, preset, gpus, caps, real_gpus)
+    if parallel == "pipeline":
+        return _pipeline_rules(choice, geo, preset, gpus, caps, real_gpus)
     if (choice.split_mode or "layer") == "row" and not row_shardable(geo):
         # runtime/split/row.py shards only Linears of at least 256x256 and splits by layer
         # otherwise: plan what will run
@@ -135,6 +138,59 @@ def _batch_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str], caps,
     r.params_elsewhere = False
     r.batch = r.batch_only = True
     r.pipeline = False
+    return r
+
+
+def _pipeline_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str], caps,
+                    real_gpus) -> Rules:
+    """parallel pipeline asked with auto-fit: a layer split over two or more GPUs (the
+    runtime list when given, else auto-fit picks them) whose stages run a batch's shares
+    one behind the other. Only resident layer splits (held for the session, or loaded
+    while the phase runs) are pipelined by the cost model, so nothing else is priced: it
+    is honoured or the fit fails saying why (fit_report.explain_failure)."""
+    from types import SimpleNamespace
+    comp = geo.comp
+    runtime = list(choice.runtime) if choice.runtime else None
+    accepted = (f"name two or more GPUs (backend {comp}=cuda0&cuda1) or leave the backend "
+                f"to auto-fit, or drop parallel pipeline")
+    if caps is not None and not {"pipeline_split", "layer_split"} <= set(caps):
+        raise PlacementError(f"{comp}: parallel pipeline is not run by this executor for "
+                             f"{comp}; drop parallel pipeline")
+    if (choice.split_mode or "layer") != "layer":
+        raise PlacementError(f"{comp}: parallel pipeline runs a layer split's stages and "
+                             f"split mode {choice.split_mode} has none; use split_mode layer "
+                             f"or drop parallel pipeline")
+    if runtime is not None and ("cpu" in runtime or len(runtime) < 2):
+        raise PlacementError(f"{comp}: parallel pipeline needs two or more GPUs and the "
+                             f"backend gives {'&'.join(runtime)}; {accepted}")
+    if choice.params not in (None, "cpu", "disk") and (runtime is None
+                                                       or choice.params not in runtime):
+        raise PlacementError(f"{comp}: parallel pipeline splits {comp} over the runtime "
+                             f"devices; params {choice.params} is not one of them: name it in "
+                             f"the backend ({comp}={choice.params}&...) or use params cpu")
+    if geo.n < 2:
+        raise PlacementError(f"{comp}: parallel pipeline needs two or more blocks to split "
+                             f"into stages and {comp} has {geo.n}; drop parallel pipeline")
+    one = SimpleNamespace(runtime=runtime, params=choice.params, split_mode="layer",
+                          parallel=None)
+    r = make_rules(one, geo, preset, gpus, caps, real_gpus)
+    usable = r.gpus if r.gpus is not None else gpus
+    if runtime is None and len(usable) < 2:
+        raise PlacementError(f"{comp}: parallel pipeline needs two or more GPUs and the "
+                             f"inventory has {len(usable)}"
+                             f"{' this executor runs it on' if r.gpus is not None else ''}; "
+                             f"{accepted}")
+    if not (r.persist_split or r.float_split):
+        # presets that take turns whole (model, sequential) split only a named device
+        # list: a pipeline asked is such a list, left to auto-fit
+        r.float_split = caps is None or "cpu_params" in caps
+        if choice.params not in (None, "cpu", "disk"):
+            r.persist_split, r.float_split = True, False
+    r.persist_res = r.float_res = r.stream = r.split_stream = r.cpu = False
+    r.params_elsewhere = r.prefix_zero = False
+    r.split_mode = "layer"
+    r.batch = r.batch_only = False
+    r.pipeline = r.pipeline_only = True
     return r
 
 

@@ -151,8 +151,14 @@ class Search(Pricing):
         return [o for o in out if o is not None]
 
     def _with_pipelines(self, c: str, opts: List[Option]) -> List[Option]:
-        """Each resident layer split of `opts` also pipelined (rule.pipeline)."""
-        if not self.rules[c].pipeline or self.work[c].items < 2:
+        """Each resident layer split of `opts` also pipelined (rule.pipeline); parallel
+        pipeline asked (rule.pipeline_only): only the pipelined ones, a batch of 1 too
+        (the runtime runs it as the plain split)."""
+        rule = self.rules[c]
+        if rule.pipeline_only:
+            more = [self.pipelined(o, force=True) for o in opts]
+            return [p for p in more if p is not None]
+        if not rule.pipeline or self.work[c].items < 2:
             return opts
         more = [self.pipelined(o) for o in opts]
         return opts + [p for p in more if p is not None]

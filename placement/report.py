@@ -85,7 +85,8 @@ def render_plan(plan) -> str:
         comp_rows.append([
             name + ("" if cp.present else " (not loaded)"),
             _runtime_text(cp.runtime), cp.params,
-            ("batch" if cp.parallel == "batch" else cp.split_mode) if cp.is_split else "-",
+            (cp.parallel if cp.parallel in ("batch", "pipeline") else cp.split_mode)
+            if cp.is_split else "-",
             _stream_text(cp),
             short_bytes(cp.total_bytes) if cp.present else "-",
             short_bytes(cp.resident_bytes) if cp.present else "-",

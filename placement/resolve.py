@@ -27,7 +27,7 @@ class Choice:
     runtime: Optional[List[str]]      # device names (len > 1: a split); None: unset
     params: Optional[str]             # device name | 'cpu' | 'disk'; None: unset
     split_mode: Optional[str]         # 'layer' | 'row'; None: unset
-    parallel: Optional[str] = None    # 'batch' | 'none'; None: unset (none)
+    parallel: Optional[str] = None    # 'batch' | 'pipeline' | 'none'; None: unset (none)
 
 
 @dataclass
@@ -204,7 +204,9 @@ def _unused_budgets(result: Plan, inventory: Inventory, request: Request):
 
 def explicit_plan(request: Request, inventory: Inventory, infos) -> Plan:
     """The plan the user wrote, resolved exactly; nothing is decided for them beyond the
-    documented defaults (runtime auto, params = runtime device, split layer)."""
+    documented defaults (runtime auto, params = runtime device, split layer). parallel
+    batch / pipeline are marked by placement/parallel.py (refused in one line where the
+    runtime names one device, or pipeline with a row split)."""
     default = inventory.default_device().name
     warnings = list(request.warnings)
     comps: Dict[str, ComponentPlan] = {}
@@ -222,9 +224,16 @@ def explicit_plan(request: Request, inventory: Inventory, infos) -> Plan:
         if choice.parallel == "batch":
             from .parallel import batch_parallel
             batch_parallel(cp)
+        elif choice.parallel == "pipeline":
+            from .parallel import pipeline_split
+            pipeline_split(cp)
         _streaming(cp, request, inventory, info)
         if cp.is_split and cp.parallel != "batch":
             _split_ranges(cp, request, inventory, info)
+        if cp.parallel == "pipeline" and cp.blocks and len(cp.blocks) < 2:
+            warnings.append(f"{comp}: parallel pipeline has one stage: every block's range "
+                            f"is on {next(iter(cp.blocks))} ({len(info.blocks)} block(s)), "
+                            f"so it runs as a plain layer split")
         _sizes(cp, info)
         comps[comp] = cp
     devices = device_plans(inventory, request.budgets)

@@ -6,11 +6,14 @@ also set the default; module names are case-insensitive with '-' and '_' ignored
 A later entry for the same key wins, and a module's own entry beats the default
 whatever the order (this is how the compatibility flags' prepending works).
 
-Parallelism uses the same grammar: `parallel` (none | batch, a default or per module),
-and `batch` is also accepted as a split mode (`split_mode diffusion=batch`), so a text
-input that carries split modes carries it: a component whose runtime names several
-devices (`a&b`) then runs whole on each of them, with shares of the batch at once,
-instead of being split by layers or rows.
+Parallelism uses the same grammar: `parallel` (none | batch | pipeline, a default or per
+module), and `batch` and `pipeline` are also accepted as split modes (`split_mode
+diffusion=batch`, `split_mode diffusion=pipeline`), so a text input that carries split
+modes (the Backend Assignment node's) carries them. With batch a component whose runtime
+names several devices (`a&b`) runs whole on each of them, with shares of the batch at
+once, instead of being split by layers or rows. With pipeline it is a layer split whose
+stages run a batch's shares one behind the other: `split_mode pipeline` is split mode
+layer plus parallel pipeline, and a row split (no stages) with pipeline is refused.
 
 Parsing here is syntax only; device names are resolved against an inventory by
 placement.resolve, so a spec can be written for hardware that is not present.
@@ -26,7 +29,7 @@ from .units import ACCEPTED as BYTES_ACCEPTED, parse_bytes
 
 DEFAULT_KEYS = ("all", "default", "*")
 SPLIT_MODES = ("layer", "row")
-PARALLEL_MODES = ("none", "batch")
+PARALLEL_MODES = ("none", "batch", "pipeline")
 OFFLOAD_MODES = ("auto", "none", "model", "balanced", "sequential")
 LORA_MODES = ("auto", "fuse", "runtime")
 _DEVICE_TOKEN = re.compile(r"^[a-z][a-z0-9]*(?::\d+)?$|^[a-z][a-z0-9.]*$")
@@ -136,9 +139,9 @@ def parse_split_value(raw: str) -> Optional[str]:
     name = raw.strip().lower()
     if name in DEFAULT_TOKENS:
         return None
-    if name not in SPLIT_MODES + ("batch",):
+    if name not in SPLIT_MODES + SPLIT_PARALLEL:
         raise PlacementError(f"invalid split mode {raw.strip()!r}; expected layer or row, "
-                             f"or batch (batch parallel)")
+                             f"or batch (batch parallel) or pipeline (pipelined layer split)")
     return name
 
 
@@ -147,15 +150,26 @@ def parse_parallel_value(raw: str) -> Optional[str]:
     if name in DEFAULT_TOKENS:
         return None
     if name not in PARALLEL_MODES:
-        raise PlacementError(f"invalid parallel {raw.strip()!r}; expected none or batch")
+        raise PlacementError(f"invalid parallel {raw.strip()!r}; expected none, batch or "
+                             f"pipeline")
     return name
 
 
-def _batch_from_split(split: Assignment, parallel: Assignment) -> Tuple[Assignment, Assignment]:
-    """`batch` given as a split mode moves to the parallel assignment (it is no split of
-    the weights); a module with a layer/row split and parallel batch both set is refused."""
-    def batch(v):
-        return v == "batch"
+# Parallel modes also accepted as a split mode, and the split mode each leaves behind:
+# batch is no split of the weights; pipeline is a layer split with pipelined stages.
+SPLIT_PARALLEL = ("batch", "pipeline")
+_SPLIT_LEFT = {"batch": None, "pipeline": "layer"}
+
+
+def _parallel_from_split(split: Assignment,
+                         parallel: Assignment) -> Tuple[Assignment, Assignment]:
+    """`batch` or `pipeline` given as a split mode moves to the parallel assignment (batch
+    leaves no split mode, pipeline leaves layer). Refused, one line each: a module with a
+    layer/row split and parallel batch; a split mode batch/pipeline and a different
+    parallel value for the same key; a module left with a row split and parallel
+    pipeline (a row split has no stages to pipeline). A module's own layer/row split
+    mode beats a default split mode batch/pipeline (`split_mode pipeline,te=row`: te is
+    a plain row split)."""
     for key, value in parallel.modules.items():
         if value == "batch" and split.modules.get(key) in SPLIT_MODES:
             raise PlacementError(f"{key}: split_mode {split.modules[key]} and parallel batch "
@@ -163,17 +177,34 @@ def _batch_from_split(split: Assignment, parallel: Assignment) -> Tuple[Assignme
                                  f"device: set one of them")
     modules = dict(parallel.modules)
     for key, value in split.modules.items():
-        if batch(value):
-            if parallel.modules.get(key) == "none":
-                raise PlacementError(f"{key}: split_mode batch and parallel none both set; "
-                                     f"set one of them")
-            modules[key] = "batch"
+        if value in SPLIT_PARALLEL:
+            if parallel.modules.get(key) not in (None, value):
+                raise PlacementError(f"{key}: split_mode {value} and parallel "
+                                     f"{parallel.modules[key]} both set; set one of them")
+            modules[key] = value
     default = parallel.default
-    if batch(split.default) and default is None:
-        default = "batch"
-    split_out = Assignment(None if batch(split.default) else split.default,
-                           {k: v for k, v in split.modules.items() if not batch(v)})
-    return split_out, Assignment(default, modules)
+    if split.default in SPLIT_PARALLEL:
+        if default not in (None, split.default):
+            raise PlacementError(f"split_mode {split.default} and parallel {default} both "
+                                 f"set as the default; set one of them")
+        if default is None:
+            default = split.default
+            for key, value in split.modules.items():
+                # a module's own split mode beats the default one, parallel part included
+                if value in SPLIT_MODES and key not in modules:
+                    modules[key] = "none"
+    split_out = Assignment(_SPLIT_LEFT.get(split.default, split.default),
+                           {k: _SPLIT_LEFT.get(v, v) for k, v in split.modules.items()
+                            if _SPLIT_LEFT.get(v, v) is not None})
+    parallel_out = Assignment(default, modules)
+    for comp in COMPONENTS:
+        if parallel_out.for_component(comp) == "pipeline" and \
+                split_out.for_component(comp) == "row":
+            raise PlacementError(f"{comp}: split_mode row and parallel pipeline both set; a "
+                                 f"pipeline runs a layer split's stages and a row split has "
+                                 f"none: use split_mode layer (or pipeline) or drop parallel "
+                                 f"pipeline")
+    return split_out, parallel_out
 
 
 def _parse_budget_value(raw: str) -> int:
@@ -273,7 +304,7 @@ class PlacementSpec:
         self.runtime = _parse(self.backend, "backend", parse_runtime_value, runtime_prefix)
         self.params = _parse(self.params_backend, "params backend", parse_params_value,
                              params_prefix)
-        self.split, self.parallelism = _batch_from_split(
+        self.split, self.parallelism = _parallel_from_split(
             _parse(self.split_mode, "split mode", parse_split_value),
             _parse(self.parallel, "parallel", parse_parallel_value))
         self.budgets = parse_budgets(self.max_vram)

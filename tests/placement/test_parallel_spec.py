@@ -23,7 +23,7 @@ def test_grammar_both_ways(fields):
 
 
 @pytest.mark.parametrize("fields,match", [
-    ({"parallel": "fast"}, "invalid parallel 'fast'; expected none or batch"),
+    ({"parallel": "fast"}, "invalid parallel 'fast'; expected none, batch or pipeline"),
     ({"split_mode": "diffusion=pipe"}, "expected layer or row, or batch"),
     ({"split_mode": "diffusion=row", "parallel": "diffusion=batch"}, "both set"),
     ({"split_mode": "diffusion=batch", "parallel": "diffusion=none"}, "both set"),
