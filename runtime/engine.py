@@ -306,7 +306,8 @@ class Engine:
         still holds the weights once. Done at the first release, not at entry: a
         placement that never releases pays no pack."""
         for g in self.resident_groups:
-            if id(g) in self.resident_host or id(g) in self.disk_layouts:
+            if id(g) in self.resident_host or id(g) in self.disk_layouts or \
+                    not self._packable(g):
                 continue
             sources = [self._resting(t) for t in g.tensors]
             if any(s.device.type != "cpu" or s.is_meta for s in sources):
@@ -319,6 +320,10 @@ class Engine:
             self._rest_in(g, host)
             if packed and self.host_store is None:
                 give_back_freed_host_memory()
+
+    def _packable(self, g: Group) -> bool:
+        """Whether packing g lets the module's former storage go (row shards do not)."""
+        return True
 
     # -- exit ---------------------------------------------------------------------------
     def _detach(self) -> None:

@@ -142,6 +142,11 @@ class RowSplit(Engine):
                              for d, t in enumerate(self.targets)}
         self.sharded = len(linears)
 
+    def _packable(self, g) -> bool:
+        # shards are row slices of the module's own weights, which keep their storage:
+        # a packed copy of them would be a second host copy
+        return not g.name.startswith("row shards")
+
     def _piece(self, d: int, t: torch.Tensor) -> int:
         # a fresh tensor object: Group.bind rebinds it, never the module's own tensors;
         # registered with the originals so unloading points it back at its resting rows
