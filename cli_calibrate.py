@@ -21,6 +21,11 @@ def add_calibrate_parser(sub) -> None:
                    help="a model folder whose disk read bandwidth to measure (repeat); "
                         "default: ComfyUI's models folder")
     c.add_argument("--no-save", action="store_true", help="measure and print only")
+    c.add_argument("--workers", metavar="ALIAS=HOST:PORT", help="also measure the network "
+                   "link to these workers (python -m comfyui_placement worker), e.g. "
+                   "w1=10.0.0.2:7860,w2=10.0.0.3:7860; joins with the shared secret")
+    c.add_argument("--secret-env", metavar="NAME", help="the variable holding the workers' "
+                   "secret (default COMFYUI_PLACEMENT_SECRET)")
 
 
 def add_speed_flags(p) -> None:
@@ -75,7 +80,8 @@ def run_calibrate_command(args, inventory) -> int:
     from .runtime.calibrate import format_record, run_calibrate
     progress = (lambda text: print(text, file=sys.stderr, flush=True))
     result = run_calibrate(inventory, args.folder, quick=args.quick, progress=progress,
-                           save=not args.no_save)
+                           save=not args.no_save, workers=args.workers,
+                           secret_env=args.secret_env)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

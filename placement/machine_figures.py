@@ -111,6 +111,8 @@ def save_measurements(inventory, measured: dict, path: Optional[Path] = None) ->
     old = data["machines"].get(key) or {}
     record = dict(measured)
     record["corrections"] = old.get("corrections", {})
+    # a run without --workers keeps the links it did not measure
+    record["network"] = dict(old.get("network") or {}, **(measured.get("network") or {}))
     record["saved_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     data["machines"][key] = record
     return _save_all(data, path)

@@ -236,9 +236,36 @@ def calibrate(inventory, folders: Optional[List[str]] = None, quick: bool = Fals
     return record
 
 
-def run_calibrate(inventory, folders=None, quick=False, progress=None, save=True) -> dict:
-    """Measure, save for this machine, and return {'record', 'path'}."""
-    record = calibrate(inventory, folders, quick, progress)
+def network(cluster, quick: bool = False, progress=None) -> dict:
+    """{alias: link figures} for each worker of a joined Cluster
+    (runtime/distributed/probe.py)."""
+    from .distributed.probe import measure_link
+    out = {}
+    for alias, link in cluster.links.items():
+        _say(progress, f"{link.where}: network round trips")
+        got = measure_link(link, cluster.timeout_s, quick)
+        out[alias] = got
+        _say(progress, f"  {got['bytes_per_s'] / 1e9:.2f} GB/s each way, "
+                       f"{got['latency_s'] * 1e3:.2f} ms per crossing")
+    return out
+
+
+def run_calibrate(inventory, folders=None, quick=False, progress=None, save=True,
+                  workers: Optional[str] = None, secret_env: Optional[str] = None) -> dict:
+    """Measure, save for this machine, and return {'record', 'path'}. `workers`
+    ("w1=HOST:PORT,..."): also the network link to each, joined first (with the shared
+    secret from the environment) so a worker that cannot be reached fails at once;
+    saved per alias, and aliases not measured now keep their figures."""
+    from contextlib import nullcontext
+    cluster = nullcontext()
+    if workers:
+        from .distributed.auth import DEFAULT_SECRET_ENV
+        from .distributed.session import Cluster
+        cluster = Cluster(workers, secret_env=secret_env or DEFAULT_SECRET_ENV)
+    with cluster as joined:
+        record = calibrate(inventory, folders, quick, progress)
+        if joined is not None:
+            record["network"] = network(joined, quick, progress)
     path = save_measurements(inventory, record) if save else None
     return {"record": record, "path": str(path) if path else None}
 
@@ -256,6 +283,9 @@ def format_record(record: dict) -> str:
                      f"({got['how']})")
     for folder, got in record["disk"].items():
         lines.append(f"disk read {got['bytes_per_s'] / 1e9:.2f} GB/s  {folder}  ({got['how']})")
+    for alias, got in (record.get("network") or {}).items():
+        lines.append(f"{alias:9s} network {got['bytes_per_s'] / 1e9:.2f} GB/s each way, "
+                     f"{got['latency_s'] * 1e3:.2f} ms per crossing ({got['how']})")
     lines += [f"note: {n}" for n in record["notes"]]
     return "\n".join(lines)
 

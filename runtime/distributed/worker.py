@@ -148,20 +148,27 @@ class Worker:
         buf = wire.recv_buffer(group, int(request["nbytes"]), 0, wire.TAG_TO_WORKER, timeout_s,
                                groups.comm_device(backend, where))
         try:
-            if loaded is None:
-                raise PlacementError(f"range {request.get('range')} is not loaded here")
-            tensors = [t.to(where) for t in wire.unpack(buf, request["metas"])]
-            args, kwargs = wire.unflatten(request["skeleton"], tensors)
-            with torch.no_grad():
-                if request.get("mode") == "chain":
-                    out = run_chain(loaded.blocks, request["chain"], args, kwargs)
-                else:
-                    out = loaded.blocks[int(request["index"])](*args, **kwargs)
-            skeleton, outs = wire.flatten(out)
+            if request.get("mode") == "echo":     # calibrate: the link alone (probe.py)
+                skeleton, outs = request["skeleton"], wire.unpack(buf, request["metas"])
+            else:
+                if loaded is None:
+                    raise PlacementError(f"range {request.get('range')} is not loaded here")
+                tensors = [t.to(where) for t in wire.unpack(buf, request["metas"])]
+                args, kwargs = wire.unflatten(request["skeleton"], tensors)
+                with torch.no_grad():
+                    if request.get("mode") == "chain":
+                        out = run_chain(loaded.blocks, request["chain"], args, kwargs)
+                    else:
+                        out = loaded.blocks[int(request["index"])](*args, **kwargs)
+                skeleton, outs = wire.flatten(out)
         except Exception as exc:                  # the block failed: say so, stay joined
             wire.send_message(sock, {"ok": False, "error": f"{type(exc).__name__}: "
                                      f"{str(exc).splitlines()[0] if str(exc) else ''}"})
             return
+        self._reply(sock, group, skeleton, outs, timeout_s, backend, where)
+
+    @staticmethod
+    def _reply(sock, group, skeleton, outs, timeout_s, backend, where) -> None:
         metas, nbytes = wire.describe(outs)
         wire.send_message(sock, {"ok": True, "skeleton": skeleton, "metas": metas,
                                  "nbytes": nbytes})

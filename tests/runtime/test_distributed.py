@@ -1,5 +1,6 @@
 """Layer split beyond one machine, on loopback: workers are real subprocesses
 (`python -m comfyui_placement worker`), ports chosen free by the OS, every wait bounded."""
+import json
 import os
 import select
 import signal
@@ -498,3 +499,42 @@ def test_chain_only_where_the_model_just_passes_activations_on(arch):
         assert calls.chained and trips == ["block"] * n + ["chain", "chain"]
     else:                       # the skips keep the outputs: never chained
         assert not calls.chained and trips == ["block"] * n * 3
+
+
+def test_calibrate_measures_the_link_to_a_worker(tmp_path, workers, monkeypatch, capsys):
+    """`calibrate --workers` echoes payloads through a real worker (bytes checked on the
+    way back), saves bytes/s and latency per alias, the plan's cost model reads them, and
+    a later run without --workers keeps them."""
+    from comfyui_placement import cli
+    from comfyui_placement.placement import machine_figures as mf
+    from comfyui_placement.runtime import calibrate as cal
+    from comfyui_placement.runtime.distributed import probe
+    monkeypatch.setenv(mf.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.setitem(cal.QUICK_SIZES, "cpu", 64)
+    monkeypatch.setitem(cal.TIME_BUDGET_S, "cpu", 0.02)
+    monkeypatch.setattr(cal, "QUICK_DISK_BYTES", 4 << 20)
+    monkeypatch.setattr(probe, "QUICK_SIZES", (1 << 20, 4 << 20))
+    monkeypatch.setenv(SECRET_ENV, "loopback-secret")
+    _, _, models, _ = flux(tmp_path)
+    w = workers(models)
+    assert cli.main(["calibrate", "--quick", "--json", "--folder", str(tmp_path),
+                     "--workers", f"w1={w.address}", "--secret-env", SECRET_ENV]) == 0
+    out, err = capsys.readouterr()
+    got = json.loads(out)["record"]["network"]["w1"]
+    assert "network round trips" in err
+    assert got["bytes_per_s"] > 1e6 and 0 < got["latency_s"] < 1
+    assert set(got["by_size"]) == {str(1 << 20), str(4 << 20)}
+    figures = mf.figures_for(Inventory.detect())
+    assert figures.network_bandwidth == {"w1": got["bytes_per_s"]}
+    assert cli.main(["calibrate", "--quick", "--no-save", "--folder", str(tmp_path),
+                     "--workers", f"w1={w.address}", "--secret-env", SECRET_ENV]) == 0
+    assert "w1        network" in capsys.readouterr().out
+    assert cli.main(["calibrate", "--quick", "--folder", str(tmp_path)]) == 0
+    assert mf.figures_for(Inventory.detect()).network_bandwidth == {"w1": got["bytes_per_s"]}
+    capsys.readouterr()
+    assert cli.main(["calibrate", "--quick", "--folder", str(tmp_path),
+                     "--workers", "w1=127.0.0.1:1", "--secret-env", SECRET_ENV]) == 2
+    err = capsys.readouterr().err                                   # joined first: fails at
+    assert err.count("\n") == 1 and "cannot connect" in err         # once, one line, saves
+    assert "matmul" not in err                                      # nothing
+    assert mf.figures_for(Inventory.detect()).network_bandwidth == {"w1": got["bytes_per_s"]}
