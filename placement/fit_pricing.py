@@ -11,7 +11,8 @@ from typing import Dict, List, Optional
 
 from .fit_costs import (BATCH_PARALLEL_EFFICIENCY, PIPELINE_EFFICIENCY,
                         STREAM_BLOCK_OVERHEAD_S, STREAM_OVERLAP)
-from .fit_shapes import Geometry, layer_ranges, row_shares, stream_spans
+from .fit_shapes import (Geometry, layer_ranges, remote_tail_spans, row_shares,
+                         stream_spans)
 from .layout import compute_shares, ring_schedule
 
 PHASE_ORDER = ("encode", "sample", "decode", "upscale")
@@ -291,17 +292,36 @@ class Pricing:
         return self._memo[key]
 
     def _split_stream(self, c, devs, caps, depth, source, streaming) -> Optional[Option]:
-        geo, w = self.geos[c], self.work[c]
-        spans = stream_spans(geo, caps, streaming)
+        spans = stream_spans(self.geos[c], caps, streaming)
         if spans is None:
             return None
+        return self._price_spans(c, devs, caps, spans, depth, source, streaming)
+
+    def remote_stream(self, c: str, devs: List[int], caps: List[int], depth: int,
+                      source: str) -> Optional[Option]:
+        """A model bigger than any one machine: the local main device `devs[0]` streams
+        its range through its ring while worker devices (`devs[1:]`, ALIAS.DEVICE) hold
+        the last blocks for the session (fit_shapes.remote_tail_spans); activations cross
+        the network twice per forward."""
+        key = ("xr", c, tuple(devs), tuple(caps), depth, source)
+        if key not in self._memo:
+            spans = remote_tail_spans(self.geos[c], caps[1:])
+            self._memo[key] = None if spans is None else self._price_spans(
+                c, devs, caps, spans, depth, source, "remote", hold=set(range(1, len(devs))))
+        return self._memo[key]
+
+    def _price_spans(self, c, devs, caps, spans, depth, source, layout,
+                     hold=frozenset()) -> Optional[Option]:
+        """A layer split over `spans` in which each device keeps a prefix of its range
+        resident and streams the rest; devices in `hold` (positions) must keep all."""
+        geo, w = self.geos[c], self.work[c]
         names = [self.gpus[d] for d in devs]
         per_device, use, fwd, compute_all, transfer_all = {}, {}, 0.0, 0.0, 0.0
         resident_total = streamed_total = 0
         for j, (d, (a, b)) in enumerate(zip(devs, spans)):
             nb = geo.non_block if j == 0 else 0
             k = geo.range_prefix(a, b, caps[j] - nb, depth)
-            if k is None:
+            if k is None or (j in hold and k < b - a):
                 return None
             slots = geo.range_window(a + k, b, depth)
             resident = geo.prefix[a + k] - geo.prefix[a]
@@ -325,7 +345,7 @@ class Pricing:
         o.ranges = [(a, b - 1) for a, b in spans]
         o.resident_blocks = sum(k for k, _ in per_device.values())
         o.depth, o.per_device = depth, per_device
-        o.layout = streaming
+        o.layout = layout
         o.params = o.source = source
         o.persist, o.use = {}, use
         o.hops = len(names)
@@ -526,7 +546,9 @@ class Pricing:
         if o.per_device is not None:
             devs = [self.gidx[n] for n in o.runtime]
             caps = [o.use[d] - self.geos[o.comp].headroom for d in devs]
-            again = self._split_stream(o.comp, devs, caps, o.depth, source, o.layout)
+            again = self.remote_stream(o.comp, devs, caps, o.depth, source) \
+                if o.layout == "remote" else \
+                self._split_stream(o.comp, devs, caps, o.depth, source, o.layout)
             return again if again is not None else o
         devs, layout = o.layout
         return self.split_layout(o.comp, devs, o.split_mode, layout, False, source)

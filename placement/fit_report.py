@@ -102,8 +102,14 @@ def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
         if o.per_device is not None:
             parts = ", ".join(f"{n} blocks {a}-{b} ({o.per_device[n][0]} resident)"
                               for n, (a, b) in zip(o.runtime, o.ranges))
-            streaming = o.runtime[len(o.runtime) - o.layout:]
-            if o.layout == len(o.runtime):
+            streaming = o.runtime[:1] if o.layout == "remote" else \
+                o.runtime[len(o.runtime) - o.layout:]
+            if o.layout == "remote":
+                how = (f"{o.runtime[0]} streaming its range over its own link, "
+                       f"{'&'.join(o.runtime[1:])} holding the last blocks on the other "
+                       f"machine{'s' if len(o.runtime) > 2 else ''} (activations cross the "
+                       f"network twice per forward)")
+            elif o.layout == len(o.runtime):
                 how = ("in proportion to room, each GPU streaming the tail of its range over "
                        "its own link")
             elif len(streaming) == 1:

@@ -227,9 +227,44 @@ class Search(Pricing):
                         if o is not None:
                             out.append(o)
                             break
+        if rule.split_stream and self.remote:
+            out += self._remote_stream_options(c, rooms, source)
         if rule.cpu:
             out.append(self.on_cpu(c, source))
         return self._with_pipelines(c, out) + batch
+
+    def _remote_stream_options(self, c: str, rooms: Sequence[int], source: str
+                               ) -> List[Option]:
+        """The roomiest local GPU streams its range while workers hold the last blocks
+        (Pricing.remote_stream): for a component bigger than any one machine. Device
+        sets: the asked runtime (a local main device, then workers), else the roomiest
+        local GPU with the 1, 2, ... roomiest workers."""
+        geo, rule = self.geos[c], self.rules[c]
+        if rule.runtime is not None:
+            devs = [self.gidx[n] for n in rule.runtime if n in self.gidx]
+            if len(devs) < 2 or devs[0] in self.remote or \
+                    any(d not in self.remote for d in devs[1:]):
+                return []
+            sets = [devs]
+        else:
+            def usable(d):
+                return (rule.gpus is None or self.gpus[d] in rule.gpus) and \
+                    rooms[d] > geo.headroom
+            local = sorted((d for d in range(self.G) if d not in self.remote and usable(d)),
+                           key=lambda d: (-rooms[d], d))
+            remote = sorted((d for d in self.remote if usable(d)), key=lambda d: (-rooms[d], d))
+            if not local or not remote:
+                return []
+            sets = [[local[0]] + remote[:k] for k in range(1, len(remote) + 1)]
+        out = []
+        for devs in sets:
+            caps = [rooms[d] - geo.headroom for d in devs]
+            for depth in range(self.depth_for(c), -1, -1):
+                o = self.remote_stream(c, devs, caps, depth, source)
+                if o is not None:
+                    out.append(o)
+                    break
+        return out
 
     def _split_sets(self, c: str, rooms: Sequence[int]) -> List[List[int]]:
         """Device sets to split over: the user's list, else the k roomiest GPUs for each k

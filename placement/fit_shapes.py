@@ -174,6 +174,26 @@ def stream_spans(geo: Geometry, caps: Sequence[int], streaming: int
     return out
 
 
+def remote_tail_spans(geo: Geometry, remote_caps: Sequence[int]
+                      ) -> Optional[List[Tuple[int, int]]]:
+    """A local main device that streams beside worker devices that hold their ranges
+    (runtime/distributed/planned.py: a worker reads its range once, it never streams):
+    the workers take the last blocks, the last worker as many as its cap holds from the
+    end, the one before it the blocks before those, and so on; the main device (first)
+    keeps the rest and the non-block weights. Spans in the order main, workers...; None
+    when a worker's cap holds no block or nothing is left for the main device."""
+    prefix, end = geo.prefix, geo.n
+    tails: List[Tuple[int, int]] = []
+    for cap in reversed(list(remote_caps)):
+        start = bisect_left(prefix, prefix[end] - cap, 0, end)
+        start = max(start, 1)                     # leave a block for the main device
+        if start >= end or prefix[end] - prefix[start] > cap:
+            return None
+        tails.append((start, end))
+        end = start
+    return [(0, end)] + tails[::-1]
+
+
 def _nearest(prefix, target, low, high) -> int:
     j = bisect_left(prefix, target, low, high + 1)
     best = min((c for c in (j - 1, j) if low <= c <= high),

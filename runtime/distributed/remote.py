@@ -4,8 +4,9 @@ contiguous block range of a local module runs on a worker while the context is o
 The worker builds the range from its own copy of the file (size, header and range hashes
 must match); the local blocks' forwards send activations there and return what comes
 back. The local block tensors must equal the file (checked on entry, so the remote output
-is the local one), may be released while remote, and are restored exactly on exit, also
-after a lost worker.
+is the local one; a module on the meta device, params=disk, has nothing to compare and
+stays meta), may be released while remote, and are restored exactly on exit, also after
+a lost worker.
 """
 import functools
 import os
@@ -119,7 +120,12 @@ class RemoteRange:
                                          f"{t.dtype} {list(t.shape)}")
                 if key not in loaded:
                     loaded[key] = rangefile.read_tensor(wf, key)
-                if t.device.type == "meta" or not _same_bits(t, loaded[key]):
+                if t.device.type == "meta":
+                    # a module on the meta device (params=disk) holds no value of its own:
+                    # both sides read the same file, checked by the hashes; it stays meta
+                    self._keys[qualified] = key
+                    continue
+                if not _same_bits(t, loaded[key]):
                     raise PlacementError(f"block tensor {qualified!r} differs from "
                                          f"{os.path.basename(self.file)}: the worker would "
                                          f"compute with other weights (a fused LoRA or "

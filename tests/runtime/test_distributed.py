@@ -98,9 +98,12 @@ def assert_restored(model, snap):
     assert now.keys() == params.keys()
     for n, (obj, value, device) in params.items():
         assert now[n] is obj, n                     # the same Parameter objects
-        assert now[n].device == device and torch.equal(now[n].detach(), value), n
+        assert now[n].device == device, n
+        assert now[n].shape == value.shape if device.type == "meta" else \
+            torch.equal(now[n].detach(), value), n
     for n, b in model.named_buffers():
-        assert torch.equal(b, buffers[n]), n
+        assert b.device == buffers[n].device, n
+        assert b.device.type == "meta" or torch.equal(b, buffers[n]), n
     assert {n: dict(m.__dict__.get("forward", {}) and {"forward": m.__dict__["forward"]})
             for n, m in model.named_modules()} == forwards
 
@@ -318,7 +321,7 @@ def _remote_plan(runtime, blocks, params="cpu", stream=None):
         stream=None if stream is None else StreamPlan(*stream))})
 
 
-@pytest.mark.parametrize("case", ["streamed", "local split", "disk"])
+@pytest.mark.parametrize("case", ["streamed", "local split", "disk", "meta", "auto-fit"])
 def test_place_runs_a_worker_range_as_a_stage(tmp_path, workers, case):
     """place() with a plan naming a worker device: the worker's range runs there, the
     local ranges around it under the staged engine (streamed through cuda0's ring, split
@@ -329,24 +332,37 @@ def test_place_runs_a_worker_range_as_a_stage(tmp_path, workers, case):
     from comfyui_placement.runtime.place import place
     model, inp, models, path = flux(tmp_path, seed=3)
     expected = run(model, inp)
+    if case == "meta":          # params=disk with nothing in RAM: both sides read files
+        model = model.to("meta")
     w = workers(models)
     snap = snapshot(model)
     if case == "local split":
         plan = _remote_plan(["cuda0", "cuda1", "w1.cpu"],
                             {"cuda0": [0, 1], "w1.cpu": [2, 3], "cuda1": [4, 5]})
+    elif case == "auto-fit":    # as auto-fit writes a remote stream: the worker holds the
+        plan = _remote_plan(["cuda0", "w1.cpu"], {"cuda0": [0, 3], "w1.cpu": [4, 5]},
+                            stream=(1 + 2, 1))          # tail; stream counts every prefix
+        plan.extra = {"fit": {"components": {"diffusion": {
+            "stream_per_device": {"cuda0": [1, 4], "w1.cpu": [2, 2]}}}}}
     else:
         plan = _remote_plan(["cuda0", "w1.cpu"], {"cuda0": [0, 5], "w1.cpu": [2, 3]},
-                            params="disk" if case == "disk" else "cpu", stream=(0, 1))
+                            params="cpu" if case == "streamed" else "disk", stream=(0, 1))
     with Cluster(f"w1={w.address}", secret=b"loopback-secret", timeout_s=30) as cluster:
         inv = with_remote(Inventory.simulated("cuda0=256MiB,cuda1=256MiB,cpu=8GiB"),
                           cluster.devices())
         with place(model, plan, "diffusion", inv, cluster=cluster,
                    weights_file=str(path)) as placed:
             blocks = find_blocks(model)
-            assert all(p.device.type == "meta" for _, b in blocks[2:4] for p in b.parameters())
+            remote = blocks[4:6] if case == "auto-fit" else blocks[2:4]
+            assert all(p.device.type == "meta" for _, b in remote for p in b.parameters())
             outs = [run(model, inp) for _ in range(3)]
             stats = placed.stats()
     assert all(torch.equal(o, expected) for o in outs)
+    if case == "auto-fit":
+        assert stats["remote_ranges"] == {"w1.cpu": [4, 5]}
+        assert stats["resident_blocks"] == 1 and stats["streamed_blocks"] == 3
+        assert_restored(model, snap)
+        return
     assert stats["remote_ranges"] == {"w1.cpu": [2, 3]}
     assert set(stats["links"]) == {"cpu->w1.cpu", "w1.cpu->cpu"}
     assert stats["round_trips"] == 2 + 1 + 1        # learning forward block by block, then chained
@@ -359,7 +375,7 @@ def test_place_runs_a_worker_range_as_a_stage(tmp_path, workers, case):
         local_block_bytes = sum(p.numel() * p.element_size()
                                 for i in (0, 1, 4, 5) for p in blocks[i][1].parameters())
         assert stats["streamed_bytes_per_forward"] == local_block_bytes
-        if case == "disk":
+        if case in ("disk", "meta"):
             assert stats["disk_bytes_per_forward"] == local_block_bytes
     assert_restored(model, snap)
 
