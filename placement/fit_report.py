@@ -296,7 +296,8 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
         if o.tile is not None:
             cp.tile = o.tile.edge
         if o.kind == "split" and o.ranges is not None:
-            cp.blocks = {n: [a, b] for n, (a, b) in zip(o.runtime, o.ranges)}
+            # the main device may hold only the non-block weights: no range, no key
+            cp.blocks = {n: [a, b] for n, (a, b) in zip(o.runtime, o.ranges) if b >= a}
         if o.kind == "batch":
             cp.parallel = "batch"
             cp.split_mode = getattr(choices.get(comp), "split_mode", None) or "layer"
