@@ -50,6 +50,10 @@ WHOLE = "cuda0=16MiB,cuda1=16MiB"
 SMALL = "cuda0=6MiB,cuda1=6MiB"
 BASE = {"backend": "diffusion=cuda0,vae=cpu"}
 BATCH = {"backend": "diffusion=cuda0&cuda1,vae=cpu", "split_mode": "diffusion=batch"}
+# the same two devices as a layer split, plain and pipelined (CFG's cond and uncond as
+# two shares through the two stages)
+SPLIT = {"backend": "diffusion=cuda0&cuda1,vae=cpu", "split_mode": "diffusion=layer"}
+PIPE = {"backend": "diffusion=cuda0&cuda1,vae=cpu", "split_mode": "diffusion=pipeline"}
 
 
 def session_facts(tag):
@@ -62,7 +66,8 @@ def session_facts(tag):
              "per_device_pack": {d: v.get("host_pack_bytes") for d, v in
                                  (s.get("per_device") or {}).items()},
              "h2d": {d: v.get("h2d_bytes") for d, v in (s.get("devices") or {}).items()},
-             "modes": {d: v.get("mode") for d, v in (s.get("per_device") or {}).items()}}
+             "modes": {d: v.get("mode") for d, v in (s.get("per_device") or {}).items()},
+             "pipeline": s.get("pipeline"), "ranges": s.get("ranges"), "hops": s.get("hops")}
             for s in session.run_stats]
     return {"session": type(session).__name__, "runs": runs,
             "open": session.placed is not None,
@@ -129,6 +134,11 @@ async def main():
                                        stream_layers=True, **BATCH)
     RESULTS["rerun"] = await run(executor, "rerun", SMALL, "streamed", stream_layers=True,
                                  **BATCH)
+    # a layer split over the two devices, then pipelined: stage 2 computes cond while
+    # stage 1 computes uncond (runtime/split/pipeline.py through the engine's cut)
+    RESULTS["split"] = await run(executor, "split", SMALL, "single", **SPLIT)
+    RESULTS["pipeline"] = await run(executor, "pipeline", SMALL, "single", record=True,
+                                    **PIPE)
     # the loader's MODEL is untouched by all of it
     RESULTS["loader_weights_same"] = cd.same_weights(weights_before,
                                                      cd.module_weights(loader_model))

@@ -103,3 +103,29 @@ def test_interrupt_inside_a_share_then_rerun(results):
     assert again["image"]["equal"], again["image"]           # the same shares as "streamed"
     assert again["session"]["runs"][-1]["per_device_pack"] == {"cuda0": 0, "cuda1": 0}
     assert results["loader_weights_same"]
+
+
+def test_pipelined_split_inside_comfyui_equals_one_device(results):
+    """split_mode diffusion=pipeline through Apply Placement: a layer split over cuda0 and
+    cuda1 whose stages run CFG's cond and uncond as two shares (on threads of their own,
+    transformer_options cut by meaning); the image equals the single-device run within
+    float32 rounding, with the plain layer split's ranges and its hops once per share."""
+    ran(results["single"])
+    plain = ran(results["split"])
+    r = ran(results["pipeline"])
+    assert r["image"]["finite"] and r["image"]["std"] > 0.01
+    assert r["image"]["max_abs_diff"] < ROUNDING, r["image"]
+    assert plain["image"]["max_abs_diff"] < ROUNDING, plain["image"]
+    run, split_run = r["session"]["runs"][-1], plain["session"]["runs"][-1]
+    assert run["pipeline"] == {"shares": 2, "forwards": 2}       # 2 steps, 2 shares each
+    assert split_run["pipeline"] is None
+    assert run["ranges"] == split_run["ranges"] and len(run["ranges"]) == 2
+    assert run["hops"] == 2 * split_run["hops"] > 0              # each share crosses
+    assert all(b > 0 for b in run["h2d"].values())
+    # a DIFFUSION_MODEL wrapper after Apply Placement sees each share, on a thread of its
+    # own (made per forward), with transformer_options cut to its one item
+    calls = r["wrapper_calls"]
+    assert len(calls) == 4 and len({c["thread"] for c in calls}) >= 2
+    for c in calls:
+        assert c["batch"] == 1 and c["sigmas"] == 1 and c["uuids"] == 1
+    assert sorted(c["cond_or_uncond"] for c in calls) == [[0], [0], [1], [1]]
