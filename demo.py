@@ -123,7 +123,7 @@ def _run(as_json: bool, reps: int) -> int:
     import torch
     from .runtime.place import place
     from .runtime.simdevice import Link
-    from .runtime.split.hops import DEFAULT_HOP_LINK
+    from .runtime.hops import DEFAULT_HOP_LINK
 
     model, inputs = build_model()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

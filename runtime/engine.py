@@ -32,9 +32,9 @@ from .restore import put_back
 from .simdevice import Link
 from .target import open_target
 from .tensors import key_mapper, module_tensors
-from .split.disk import fill_from_file
-from .split.hops import DEFAULT_HOP_LINK
-from .split.moves import Mover
+from .diskfill import fill_from_file
+from .hops import DEFAULT_HOP_LINK
+from .moves import Mover
 
 
 def headroom_for(option: Union[None, int, Dict[str, int]], device: str) -> int:

@@ -26,7 +26,7 @@ import torch
 
 from ...runtime.hoststore import store_for
 from ...runtime.parallel import place_batch
-from ...runtime.parallel.batch import cut_all
+from ...runtime.parallel.shares import cut_all
 from ...runtime.shadow import Shadow
 from .engine import EngineSession
 

@@ -103,7 +103,10 @@ class RemoteStages:
         self._final = None
 
     def __enter__(self) -> "RemoteStages":
-        from ..place import place
+        from ..one_device import Placed
+        from ..split import place_split
+        place = Placed if len(self.local_plan.components[self.component].runtime) == 1 \
+            else place_split
         self._stack = ExitStack()
         try:
             for device, (first, last) in self.remote_ranges.items():

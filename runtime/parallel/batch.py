@@ -41,8 +41,9 @@ from torch import nn
 from ...placement.errors import PlacementError
 from ...placement.plan import Plan
 from ..hoststore import HostStore
+from ..one_device import Placed
 from ..shadow import Shadow
-from .shares import batch_size, cut, gather, share_counts
+from .shares import autocast_now, batch_size, cut_all, gather, share_counts
 
 
 def device_plan(plan: Plan, component: str, device: str) -> Plan:
@@ -54,21 +55,6 @@ def device_plan(plan: Plan, component: str, device: str) -> Plan:
     one = replace(cp, runtime=[device], params=params, parallel="none", blocks={},
                   stream=copy.deepcopy(cp.stream), reasons=list(cp.reasons))
     return Plan(plan.devices, {component: one}, [], plan.version, dict(plan.extra))
-
-
-def _autocast_now():
-    """[(device type, dtype)] of the autocast regions the caller's thread is in: thread
-    state, like grad and inference mode, that the share threads must take on."""
-    out = []
-    for device_type in ("cuda", "cpu"):
-        if torch.is_autocast_enabled(device_type):
-            out.append((device_type, torch.get_autocast_dtype(device_type)))
-    return out
-
-
-def cut_all(args, kwargs, batch: int, start: int, stop: int):
-    """The default cut: every tensor whose leading size is the batch (shares.cut)."""
-    return cut(args, batch, start, stop), cut(kwargs, batch, start, stop)
 
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
@@ -150,7 +136,6 @@ class BatchPlaced:
 
     # -- context -------------------------------------------------------------------------
     def __enter__(self) -> "BatchPlaced":
-        from ..place import place
         try:
             for i, d in enumerate(self.devices):
                 # made after the previous device packed the host copy: its tensors are
@@ -158,9 +143,9 @@ class BatchPlaced:
                 shadow = Shadow(self.module)
                 _drop_root_hooks(shadow.module)
                 repoint = self._chained_repoint(shadow) if i == 0 else None
-                placed = place(shadow.module, device_plan(self.plan, self.component, d),
-                               self.component, self.inventory, link=self.links[d],
-                               host_store=self.store, repoint=repoint, **self.options)
+                placed = Placed(shadow.module, device_plan(self.plan, self.component, d),
+                                self.component, self.inventory, link=self.links[d],
+                                host_store=self.store, repoint=repoint, **self.options)
                 placed.__enter__()
                 self.shadows.append(shadow)
                 self.placed.append(placed)
@@ -250,7 +235,7 @@ class BatchPlaced:
             self.items[self.devices[i]] += b - a
         if len(jobs) == 1:
             return self._run_share(jobs[0][0], args, kwargs)
-        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _autocast_now())
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast_now())
         errors: List[tuple] = []
         outputs: List = [None] * len(jobs)
 

@@ -77,3 +77,18 @@ def gather(outputs: list, device: Optional[torch.device]):
     raise PlacementError(f"batch parallel: the shares' outputs of type "
                          f"{type(first).__name__} cannot be gathered (expected tensors, "
                          f"tuples, lists or dicts of them)")
+
+
+def autocast_now():
+    """[(device type, dtype)] of the autocast regions the caller's thread is in: thread
+    state, like grad and inference mode, that the share threads must take on."""
+    out = []
+    for device_type in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device_type):
+            out.append((device_type, torch.get_autocast_dtype(device_type)))
+    return out
+
+
+def cut_all(args, kwargs, batch: int, start: int, stop: int):
+    """The default cut: every tensor whose leading size is the batch (`cut` above)."""
+    return cut(args, batch, start, stop), cut(kwargs, batch, start, stop)

@@ -6,18 +6,11 @@ plan whose runtime lists more than one device; parallel "pipeline" gives the pip
 layer split (pipeline.py; option shares=N). See docs/split.md.
 """
 from ...placement.errors import PlacementError
+from .layer import LayerSplit
+from .pipeline import PipelinedSplit
+from .row import RowSplit, fallback_warning
 
 SPLIT_MODES = ("layer", "row")
-# the engines import runtime/engine.py, which imports this package's helpers (disk,
-# hops, moves): the classes are imported when first used, so either side may load first
-_LAZY = {"LayerSplit": "layer", "PipelinedSplit": "pipeline", "RowSplit": "row"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        from importlib import import_module
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(name)
 
 
 def place_split(module, plan, component: str, inventory, **options):
@@ -35,9 +28,6 @@ def place_split(module, plan, component: str, inventory, **options):
     if comp.split_mode not in SPLIT_MODES:
         raise PlacementError(f"{component}: invalid split mode {comp.split_mode!r}; expected "
                              f"layer or row")
-    from .layer import LayerSplit
-    from .pipeline import PipelinedSplit
-    from .row import RowSplit, fallback_warning
     pipeline = getattr(comp, "parallel", "none") == "pipeline"
     if comp.split_mode == "row":
         if pipeline:

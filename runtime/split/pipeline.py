@@ -25,8 +25,7 @@ from typing import Callable, List, Optional
 import torch
 
 from ...placement.errors import PlacementError
-from ..parallel.batch import _autocast_now, cut_all
-from ..parallel.shares import batch_size, gather, share_counts
+from ..parallel.shares import autocast_now, batch_size, cut_all, gather, share_counts
 from .layer import LayerSplit
 
 
@@ -150,7 +149,7 @@ class PipelinedSplit(LayerSplit):
         self._turn = [0] * len(self.stage_starts)
         self._abort = False
         self._pipelined = True
-        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _autocast_now())
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast_now())
         outputs: List = [None] * n
         errors: List[tuple] = []
         lock = threading.Lock()

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from comfyui_placement.placement.errors import PlacementError
 from comfyui_placement.runtime import place, readpool
-from comfyui_placement.runtime.split.disk import read_staged, staged
+from comfyui_placement.runtime.diskfill import read_staged, staged
 from comfyui_placement.runtime.weightfile import open_weight_file
 
 FILE_BYTES = 96 * 1024

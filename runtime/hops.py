@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from ...placement.errors import PlacementError
-from ..simdevice import Link
+from ..placement.errors import PlacementError
+from .simdevice import Link
 
 # Peer link of the simulated devices: PCIe 4 x16 device to device, as seen in practice.
 DEFAULT_HOP_LINK = Link(bandwidth=25e9, latency=10e-6)

@@ -5,9 +5,9 @@ from typing import Callable, Iterator, List, Sequence, Tuple
 
 import torch
 
-from ...placement.errors import PlacementError
-from ..residency import Group
-from ..weightfile import DiskLayout, WeightFile
+from ..placement.errors import PlacementError
+from .residency import Group
+from .weightfile import DiskLayout, WeightFile
 
 CHUNK = 64 * 1024 ** 2          # staging for one-time resident reads onto a real GPU
 
