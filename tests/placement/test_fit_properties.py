@@ -104,7 +104,8 @@ def recount(plan, infos):
         per_device = fit_comps[comp]["stream_per_device"]
         if cp.is_split and cp.blocks and per_device:     # each device streams its range's tail
             assert cp.stream is not None and not persistent
-            for i, (dev, (first, last)) in enumerate(cp.blocks.items()):
+            for dev, (first, last) in cp.blocks.items():
+                i = cp.runtime.index(dev)
                 k, count = per_device[dev]
                 assert count == last - first + 1
                 rest = sizes[first + k:last + 1]
@@ -114,8 +115,13 @@ def recount(plan, infos):
                 add(dev, held + hr, phase)
             assert cp.resident_bytes + cp.streamed_bytes == info.total_bytes
         elif cp.is_split and cp.blocks:
-            for i, (dev, (first, last)) in enumerate(cp.blocks.items()):
-                held = sum(sizes[first:last + 1]) + (non_block if i == 0 else 0)
+            # the main device (runtime[0]) holds the non-block weights, also when it has
+            # no block range (then it is not a key of blocks)
+            ranges = {dev: cp.blocks.get(dev) for dev in cp.runtime if dev in cp.blocks
+                      or dev == cp.runtime[0]}
+            for dev, span in ranges.items():
+                held = (sum(sizes[span[0]:span[1] + 1]) if span else 0) + \
+                    (non_block if dev == cp.runtime[0] else 0)
                 add(dev, held, None if persistent else phase)
                 add(dev, hr, phase)
             spans = sorted(cp.blocks.values())     # contiguous, covering every block
