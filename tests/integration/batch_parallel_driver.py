@@ -18,6 +18,23 @@ import server  # noqa: E402
 
 RESULTS = {"errors": []}
 SHARES_SEEN = []
+PLANS = {}
+
+
+class PlacementTestPlanSink:
+    """Records Apply Placement's plan_json."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"plan_json": ("STRING", {"forceInput": True}),
+                             "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, plan_json, tag):
+        PLANS[tag] = json.loads(plan_json)
+        return {}
 
 
 class PlacementTestRecordShares:
@@ -54,6 +71,10 @@ BATCH = {"backend": "diffusion=cuda0&cuda1,vae=cpu", "split_mode": "diffusion=ba
 # two shares through the two stages)
 SPLIT = {"backend": "diffusion=cuda0&cuda1,vae=cpu", "split_mode": "diffusion=layer"}
 PIPE = {"backend": "diffusion=cuda0&cuda1,vae=cpu", "split_mode": "diffusion=pipeline"}
+# auto-fit's budgets keep 512 MiB free on each GPU, and the GPUs are given a modest speed
+# (50 GFLOP/s, the host 5) so that the tiny model's compute, not the fixed cost of a hop,
+# decides
+AUTOFIT = "cuda0=2GiB@50G,cuda1=2GiB@50G,cpu=16GiB@5G"
 
 
 def session_facts(tag):
@@ -75,10 +96,14 @@ def session_facts(tag):
                             model.get_additional_models_with_key("placement_shares")]}
 
 
-async def run(executor, tag, inventory, ref=None, cfg=2.0, record=False, **flags):
+async def run(executor, tag, inventory, ref=None, cfg=2.0, record=False, plan_sink=False,
+              **flags):
     os.environ["COMFYUI_PLACEMENT_SIMULATE"] = inventory
     prompt = cd.pipeline(tag=tag, keep_placed=True, **flags)
     prompt["6"]["inputs"]["cfg"] = cfg
+    if plan_sink:               # Apply Placement's plan_json output, recorded
+        prompt["61"] = {"class_type": "PlacementTestPlanSink",
+                        "inputs": {"plan_json": ["11", 7], "tag": tag}}
     if record:                  # a DIFFUSION_MODEL wrapper between placement and sampler
         prompt["33"] = {"class_type": "PlacementTestRecordShares",
                         "inputs": {"model": prompt["6"]["inputs"]["model"]}}
@@ -102,6 +127,7 @@ async def main():
     cd.build_models(cd.ARGS.work)
     await cd.start_comfy(cd.ARGS.pack, cd.ARGS.work)
     nodes.NODE_CLASS_MAPPINGS["PlacementTestRecordShares"] = PlacementTestRecordShares
+    nodes.NODE_CLASS_MAPPINGS["PlacementTestPlanSink"] = PlacementTestPlanSink
     executor = execution.PromptExecutor(server.PromptServer.instance,
                                         cache_type=execution.CacheType.CLASSIC,
                                         cache_args={"ram": 16.0, "ram_inactive": 16.0})
@@ -139,6 +165,11 @@ async def main():
     RESULTS["split"] = await run(executor, "split", SMALL, "single", **SPLIT)
     RESULTS["pipeline"] = await run(executor, "pipeline", SMALL, "single", record=True,
                                     **PIPE)
+    # auto-fit with both GPUs free and CFG: its cost model picks batch parallel itself
+    # (issue 13 item 1); the plan JSON says so and the run is the batch-parallel one
+    RESULTS["autofit"] = await run(executor, "autofit", AUTOFIT, "single", backend="",
+                                   auto_fit=True, plan_sink=True)
+    RESULTS["autofit"]["plan_json"] = PLANS.get("autofit")
     # the loader's MODEL is untouched by all of it
     RESULTS["loader_weights_same"] = cd.same_weights(weights_before,
                                                      cd.module_weights(loader_model))

@@ -129,3 +129,20 @@ def test_pipelined_split_inside_comfyui_equals_one_device(results):
     for c in calls:
         assert c["batch"] == 1 and c["sigmas"] == 1 and c["uuids"] == 1
     assert sorted(c["cond_or_uncond"] for c in calls) == [[0], [0], [1], [1]]
+
+
+def test_autofit_picks_batch_parallel_inside_comfyui(results):
+    """Apply Placement with auto_fit, no backend, two free simulated GPUs and CFG: auto-fit
+    prices batch parallel against the plain placements and picks it (the plan JSON and a
+    reason line say so), and the run is the batch-parallel one, equal to one device."""
+    ran(results["single"])
+    r = ran(results["autofit"])
+    cp = r["plan_json"]["components"]["diffusion"]
+    assert cp["parallel"] == "batch" and sorted(cp["runtime"]) == ["cuda0", "cuda1"], \
+        "\n".join(cp["reasons"])
+    assert any("batch parallel" in x for x in cp["reasons"]), cp["reasons"]
+    assert r["plan_json"]["workload"]["cond_batch"] == 2
+    assert r["image"]["max_abs_diff"] < ROUNDING, r["image"]
+    run = r["session"]["runs"][-1]
+    assert r["session"]["session"] == "BatchParallelSession"
+    assert run["items"] == {"cuda0": 2, "cuda1": 2}              # 2 steps, 1 item each
