@@ -554,3 +554,45 @@ def test_calibrate_measures_the_link_to_a_worker(tmp_path, workers, monkeypatch,
     assert err.count("\n") == 1 and "cannot connect" in err         # once, one line, saves
     assert "matmul" not in err                                      # nothing
     assert mf.figures_for(Inventory.detect()).network_bandwidth == {"w1": got["bytes_per_s"]}
+
+
+def test_lost_worker_beside_a_streaming_local_stage_is_one_error(tmp_path, workers):
+    """place() with a worker range beside a local stage that streams: the worker killed in
+    the middle of a forward (its range's first block) is one PlacementError, raised
+    through the local engine's hooks; leaving the placement restores the local engine's
+    tensors and the released remote blocks exactly, frees every simulated byte and leaves
+    no copy thread; the module then computes as before."""
+    import threading
+    from comfyui_placement.placement.remote_devices import with_remote
+    from comfyui_placement.runtime.distributed import Cluster
+    from comfyui_placement.runtime.place import place
+    model, inp, models, path = flux(tmp_path, seed=4)
+    expected = run(model, inp)
+    w = workers(models)
+    snap = snapshot(model)
+    blocks = find_blocks(model)
+    threads = threading.active_count()
+    plan = _remote_plan(["cuda0", "w1.cpu"], {"cuda0": [0, 5], "w1.cpu": [2, 3]},
+                        stream=(0, 1))
+
+    def strike(*_):
+        w.proc.kill()
+        w.proc.wait(timeout=30)
+    with Cluster(f"w1={w.address}", secret=b"loopback-secret", timeout_s=4.0) as cluster:
+        inv = with_remote(Inventory.simulated("cuda0=256MiB,cpu=8GiB"), cluster.devices())
+        with pytest.raises(PlacementError, match=r"worker w1 \(127\.0\.0\.1:\d+\) lost") as err:
+            with place(model, plan, "diffusion", inv, cluster=cluster,
+                       weights_file=str(path)) as placed:
+                assert torch.equal(run(model, inp), expected)
+                hook = blocks[2][1].register_forward_pre_hook(strike)
+                try:
+                    run(model, inp)
+                finally:
+                    hook.remove()
+    assert "\n" not in str(err.value)
+    stats = placed.stats()
+    dev = stats["devices"]["cuda0"]
+    assert dev["resident_bytes"] == 0 and dev["slot_bytes"] == 0
+    assert threading.active_count() == threads
+    assert_restored(model, snap)
+    assert torch.equal(run(model, inp), expected)
