@@ -1,6 +1,7 @@
 """A diffusion model run by the pack's engine (runtime.place) inside ComfyUI's sampler.
 
-`place_model_with_engine(model, plan, inventory)` returns a clone of the MODEL that:
+`place_model_with_engine(model, plan, inventory)` (engine_model.py) returns a clone of
+the MODEL that:
 - loads through ComfyUI's memory manager without moving its weights or fusing its
   LoRA patches (engine_patcher.EngineLoad);
 - holds one placement (runtime.place) for a whole sampling run: opened at the first
@@ -29,7 +30,7 @@ ledger figures of the last run (runtime.place stats()).
 import logging
 import types
 import uuid
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 import torch
 
@@ -41,11 +42,11 @@ from ...placement.report import short_bytes
 from ...runtime.hoststore import drop_store, store_for
 from ...runtime.place import place
 from ...runtime.shadow import Shadow
-from .engine_patcher import KEY, engine_patcher_class, strip_engine
-from .gguf_models import gguf_key_map, gguf_model_file, is_gguf_module, missing_file_error
+from .engine_patcher import engine_patcher_class, strip_engine
+from .gguf_models import gguf_key_map, gguf_model_file
 from .patchers import plain_clone
 from .row_lora import row_lora_options
-from .shares import register_shares
+from .cut import cut_comfy_inputs
 
 log = logging.getLogger("comfyui-placement")
 RUN_STATS = 16          # stats of the last placements a session keeps
@@ -190,7 +191,6 @@ class EngineSession:
         options = self.place_options(module)
         cp = self.plan.components[self.component]
         if cp.parallel == "pipeline":        # shares cut transformer_options by meaning
-            from .batch_parallel import cut_comfy_inputs
             options["cut_inputs"] = cut_comfy_inputs
         shadow = Shadow(module)              # the engine places a copy, never `module`
         # row split: ComfyUI's LoRA patches on the sharded Linears go in as lora= (row_lora)
@@ -235,46 +235,4 @@ def engine_clone(patcher, load_device, offload_device, what: str):
     clone.offload_device = offload_device
     # ComfyUI then unpatches weights a sibling clone fused, before our load (patchers.py)
     clone.patches_uuid = uuid.uuid4()
-    return clone, notes
-
-
-def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
-    cp = plan.components["diffusion"]
-    device = inventory.get(cp.main_device)
-    load = torch.device("cpu") if device.simulated else torch.device(device.torch_device)
-    weights_file = diffusion_file(model)
-    if cp.params == "disk" and not weights_file and is_gguf_module(model.model):
-        raise missing_file_error(model.model)
-    if cp.params == "disk" and not weights_file:
-        raise PlacementError("diffusion: params disk needs the model's file, and this MODEL "
-                             "does not come from a core loader that records it (Load "
-                             "Diffusion Model, Load Checkpoint); use params cpu")
-    clone, notes = engine_clone(model, load, torch.device("cpu"), "diffusion")
-    from .batch_parallel import describe, session_class     # parallel batch: its session
-    session = session_class(cp)(plan, "diffusion", inventory, weights_file)
-    clone.set_attachments(KEY, session)
-    clone.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, KEY, session.outer_sample)
-    clone.add_wrapper_with_key(ext.WrappersMP.APPLY_MODEL, KEY, session.apply_model)
-    clone.add_callback_with_key(ext.CallbacksMP.ON_DETACH, KEY, session.on_detach)
-    clone.add_callback_with_key(ext.CallbacksMP.ON_DEEPCLONE_MULTIGPU, KEY,
-                                session.on_deepclone_multigpu)
-    notes.extend(register_shares(clone, session, plan, inventory,
-                                 clone.model.diffusion_model))
-    on = "&".join(cp.runtime)
-    mode = ("streamed" if cp.stream is not None else "placed") + \
-        f" by the pack's engine on {on}"
-    if cp.parallel == "batch":
-        notes.append(describe(cp))
-    elif cp.is_split:
-        mode += f" ({cp.split_mode} split, main device {cp.main_device})"
-    if cp.stream is not None:
-        mode += (f" (first {cp.stream.resident_blocks} blocks resident, prefetch depth "
-                 f"{cp.stream.prefetch_depth}, weights rest on {cp.params})")
-    else:
-        mode += f" (weights rest on {cp.params})"
-    notes.append(f"diffusion: {mode}; LoRA patches applied at run time")
-    simulated = [n for n in cp.runtime if inventory.get(n).simulated]
-    if simulated:
-        notes.append(f"diffusion: {', '.join(simulated)} simulated (diagnostic): compute on "
-                     f"the cpu, capacity and copies modelled")
     return clone, notes

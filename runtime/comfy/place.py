@@ -27,7 +27,7 @@ PLACERS = {
 
 
 def _engine_model():
-    from .engine import place_model_with_engine
+    from .engine_model import place_model_with_engine
     return place_model_with_engine
 
 

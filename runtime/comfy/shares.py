@@ -65,8 +65,8 @@ def planned_shares(plan, component: str, inventory, module) -> Tuple[Dict[str, i
     caps = [_capacity(plan, inventory, d) for d in cp.runtime]
     headroom = [0] * len(cp.runtime)          # explicit plans: the engine reserves none
     if cp.parallel == "batch":       # a whole placement on every device (batch_parallel.py)
-        from .batch_parallel import planned_bytes
-        sizes = planned_bytes(cp, _one_device_bytes(cp, module))
+        # every device holds what one device of this plan holds (its whole placement)
+        sizes = [_one_device_bytes(cp, module)] * len(cp.runtime)
         basis = "batch parallel: " + ("resident blocks + ring slots" if cp.stream
                                       else "whole model") + " on each device"
     elif cp.is_split and cp.split_mode == "row":
