@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..placement.layout import choose_depth
 from ..placement.devices import Inventory
 from ..placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
 from ..placement.units import format_bytes
@@ -305,17 +306,34 @@ def cuda_tests() -> dict:
             "output": proc.stdout[-3000:] if proc.returncode else ""}
 
 
-def paired(fn, ref_fn, device, reps: int):
-    """Median seconds of `fn` and of `ref_fn`, measured alternately (after one warm-up
-    each) so both see the same load, threads and caches; and fn's output. `fn` runs
-    twice in a row and the second call is timed: a streamed model prefetches the next
-    step's first blocks as a step ends, and the resident call in between would give its
-    link free time that back-to-back sampling steps do not have."""
+def paired(fn, ref_fn, device, reps: int, settle: Optional[Callable[[], None]] = None,
+           steps: int = 4):
+    """Median seconds per step of `fn` and of `ref_fn`, measured alternately (after one
+    warm-up each) so both see the same load, threads and caches; and fn's output.
+    Without `settle`, `fn` runs twice in a row and the second call is timed. A streamed
+    way gives `settle` (wait for the copies in flight): a timed window starts after one
+    and ends with one, and runs `steps` steps back to back between. The copies issued
+    ahead before the window (done by the first settle) are as many as those it issues
+    ahead at its end (waited for by the second), so the window holds exactly `steps`
+    steps' bytes over the link and its mean step can never fall below max(compute,
+    transfer). (One step timed after a warm step gets the copies that step issued ahead
+    for free: a ring holding every block measured 0.8 of the floor that way.)"""
     t_fn, t_ref, out = [], [], None
     for i in range(reps + 1):
         ta, _ = time_steps(ref_fn, device, 0, 1)
-        time_steps(fn, device, 0, 1)
-        t, out = time_steps(fn, device, 0, 1)
+        if settle is None:
+            time_steps(fn, device, 0, 1)
+            t, out = time_steps(fn, device, 0, 1)
+        else:
+            settle()
+            _sync(device)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                for _ in range(steps):
+                    out = fn()
+            settle()
+            _sync(device)
+            t = (time.perf_counter() - t0) / steps
         if i:
             t_ref.append(ta)
             t_fn.append(t)
@@ -336,25 +354,32 @@ def stream_comparison(shape: Shape, dtype, device, inventory, device_name: str,
     transfer_s = nbytes / bandwidth
     rows = {"all resident": {"step_s": t_res}}
 
-    def record(name, model, **extra):
-        t, t_ref, out = paired(step(model), step(resident), device, reps)
+    def record(name, model, settle=None, **extra):
+        t, t_ref, out = paired(step(model), step(resident), device, reps, settle)
         check = ({"equal_to_resident": bool(torch.equal(out, ref))} if extra.pop("exact", False)
                  else {"max_rel_diff": rel_diff(out, ref)})
         rows[name] = {"step_s": t, "resident_beside_s": t_ref,
                       "per_floor": t / max(t_ref, transfer_s), **check, **extra}
 
-    for depth in (1, 2):
+    # the depth auto-fit would plan (layout.choose_depth: double and single blocks do
+    # equal compute per token, each block's copy takes its bytes over the link) beside
+    # depths 1 and 2
+    sizes = [module_bytes(resident.get_submodule(n)) for n in resident.block_names()]
+    planner_depth, _ = choose_depth([t_res / len(sizes)] * len(sizes),
+                                    [b / bandwidth for b in sizes], sizes)
+    for depth in sorted({1, 2, planner_depth}):
         host = copy_to_cpu(resident)
         plan = one_device_plan(device_name, "gpu", 1 << 62, depth)
         options = {"link": link} if link is not None else {}
         with place(host, plan, "diffusion", inventory, blocks=host.block_names(),
                    **options) as placed:
             time_steps(step(host), device, 2, 1)
-            record(f"pack engine, streamed, depth {depth}", host, exact=True)
+            record(f"pack engine, streamed, depth {depth}", host, exact=True,
+                   settle=placed.streamer.drain)
             stats = placed.stats()
         rows[f"pack engine, streamed, depth {depth}"].update(
             h2d_bytes=stats["devices"][device_name].get("h2d_bytes", 0),
-            pinned_bytes=stats.get("pinned_bytes", 0))
+            pinned_bytes=stats.get("pinned_bytes", 0), planner_depth=depth == planner_depth)
         del host
 
     if device.type == "cuda":
@@ -377,7 +402,7 @@ def stream_comparison(shape: Shape, dtype, device, inventory, device_name: str,
             else:
                 rows[name] = {"skipped": why}
             del host
-    return {"shape": {**shape.__dict__, "tokens": shape.tokens},
+    return {"shape": {**shape.__dict__, "tokens": shape.tokens}, "planner_depth": planner_depth,
             "dtype": str(dtype).replace("torch.", ""), "weights_bytes": nbytes,
             "resident_step_s": t_res, "transfer_s": transfer_s,
             "floor_s": max(t_res, transfer_s), "rows": rows}
@@ -488,8 +513,9 @@ def format_report(r: dict) -> str:
                  if "max_rel_diff" in row else "")
         beside = row.get("resident_beside_s", row["step_s"])
         ratio = f"{row['per_floor']:>8.2f}" if "per_floor" in row else f"{'-':>8}"
+        mark = "  <- the planner's depth" if row.get("planner_depth") else ""
         lines.append(f"  {name:<46} {row['step_s'] * 1e3:>8.1f} {beside * 1e3:>9.1f} {ratio}  "
-                     f"{check}".rstrip())
+                     f"{check}{mark}".rstrip())
     lines.append("  / floor = step / max(resident step beside it, weights over the link)")
     ls = r["layer_split"]
     if "skipped" in ls:
