@@ -45,6 +45,9 @@ def inventories(draw, min_gpus=0, max_gpus=3, same=False):
             total = draw(st.integers(4, 192)) * GiB // 4
         free = total if same else draw(st.integers(1, total // MiB)) * MiB
         parts.append(f"cuda{i}={total}B/{free}B")
+    if n and not same and draw(st.booleans()):      # a worker's GPU (docs/distributed.md)
+        total = draw(st.integers(4, 192)) * GiB // 4
+        parts.append(f"w1.cuda0={total}B/{draw(st.integers(1, total // MiB)) * MiB}B")
     parts.append(f"cpu={draw(st.integers(8, 128))}GiB")
     return ",".join(parts)
 
