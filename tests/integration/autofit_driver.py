@@ -19,26 +19,10 @@ import nodes  # noqa: E402
 import server  # noqa: E402
 
 RESULTS = {"errors": []}
-PLANS = {}
+PLANS = cd.PLANS
 # cuda0's budget 300 MiB: a 64x64 run fits the tiny models' working memory, 1024x1024 not
 SIMULATE = "cuda0=2GiB,cpu=16GiB"
 MAX_VRAM = "cuda0=300MiB"
-
-
-class PlacementTestPlanSink:
-    """Records Apply Placement's plan_json."""
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"plan_json": ("STRING", {"forceInput": True}),
-                             "tag": ("STRING", {"default": ""})}}
-    RETURN_TYPES = ()
-    FUNCTION = "run"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-
-    def run(self, plan_json, tag):
-        PLANS[tag] = json.loads(plan_json)
-        return {}
 
 
 def prompt(tag, width, height, upscale=None, latent_input=False, steps=2, cfg=2.0,
@@ -86,7 +70,6 @@ async def run(executor, tag, **kw):
 async def main():
     cd.build_models(cd.ARGS.work)
     await cd.start_comfy(cd.ARGS.pack, cd.ARGS.work)
-    nodes.NODE_CLASS_MAPPINGS["PlacementTestPlanSink"] = PlacementTestPlanSink
     stub = server.PromptServer.instance
     # ComfyUI's own method, sending through the stub's send_sync
     stub.send_progress_text = types.MethodType(server.PromptServer.send_progress_text, stub)

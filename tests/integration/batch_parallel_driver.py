@@ -18,23 +18,7 @@ import server  # noqa: E402
 
 RESULTS = {"errors": []}
 SHARES_SEEN = []
-PLANS = {}
-
-
-class PlacementTestPlanSink:
-    """Records Apply Placement's plan_json."""
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"plan_json": ("STRING", {"forceInput": True}),
-                             "tag": ("STRING", {"default": ""})}}
-    RETURN_TYPES = ()
-    FUNCTION = "run"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-
-    def run(self, plan_json, tag):
-        PLANS[tag] = json.loads(plan_json)
-        return {}
+PLANS = cd.PLANS
 
 
 class PlacementTestRecordShares:
@@ -127,7 +111,6 @@ async def main():
     cd.build_models(cd.ARGS.work)
     await cd.start_comfy(cd.ARGS.pack, cd.ARGS.work)
     nodes.NODE_CLASS_MAPPINGS["PlacementTestRecordShares"] = PlacementTestRecordShares
-    nodes.NODE_CLASS_MAPPINGS["PlacementTestPlanSink"] = PlacementTestPlanSink
     executor = execution.PromptExecutor(server.PromptServer.instance,
                                         cache_type=execution.CacheType.CLASSIC,
                                         cache_args={"ram": 16.0, "ram_inactive": 16.0})

@@ -346,7 +346,27 @@ class PlacementTestInterrupt:
         return (m,)
 
 
+PLANS = {}      # tag -> Apply Placement's plan JSON, recorded by PlacementTestPlanSink
+
+
+class PlacementTestPlanSink:
+    """Records Apply Placement's plan_json under its tag (PLANS)."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"plan_json": ("STRING", {"forceInput": True}),
+                             "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, plan_json, tag):
+        PLANS[tag] = json.loads(plan_json)
+        return {}
+
+
 TEST_NODES = {"PlacementTestConditioning": PlacementTestConditioning,
+              "PlacementTestPlanSink": PlacementTestPlanSink,
               "PlacementTestKeepModel": PlacementTestKeepModel,
               "PlacementTestTinyClip": PlacementTestTinyClip,
               "PlacementTestKeepVae": PlacementTestKeepVae,

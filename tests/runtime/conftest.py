@@ -19,6 +19,17 @@ def _flux():
     return m, inp
 
 
+def _flux256():
+    """Hidden size 256: the block Linears are large enough for the row split."""
+    from diffusers import FluxTransformer2DModel
+    m = FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=2,
+                               attention_head_dim=128, num_attention_heads=2,
+                               joint_attention_dim=32, pooled_projection_dim=16,
+                               axes_dims_rope=(32, 48, 48))
+    _, inp = _flux()
+    return m, inp
+
+
 def _sd3():
     from diffusers import SD3Transformer2DModel
     m = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=3,
@@ -53,7 +64,7 @@ def _wan():
     return m, inp
 
 
-BUILDERS = {"flux": _flux, "sd3": _sd3, "unet": _unet, "wan": _wan}
+BUILDERS = {"flux": _flux, "flux256": _flux256, "sd3": _sd3, "unet": _unet, "wan": _wan}
 
 
 def build(arch, seed=0):

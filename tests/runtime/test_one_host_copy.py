@@ -161,42 +161,22 @@ def test_batch_parallel_reload_keeps_one_host_copy(tiny, run_model, sim_inventor
     assert torch.equal(run_model(model, inp), ref)
 
 
-def _flux256(seed=1):
-    """Hidden size 256: the block Linears are eligible for the row split."""
-    from diffusers import FluxTransformer2DModel
-    torch.manual_seed(seed)
-    m = FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=2,
-                               attention_head_dim=128, num_attention_heads=2,
-                               joint_attention_dim=32, pooled_projection_dim=16,
-                               axes_dims_rope=(32, 48, 48)).eval()
-    L, T = 16, 8
-    inp = dict(hidden_states=torch.randn(1, L, 8), encoder_hidden_states=torch.randn(1, T, 32),
-               pooled_projections=torch.randn(1, 16), timestep=torch.tensor([0.5]),
-               img_ids=torch.zeros(L, 3), txt_ids=torch.zeros(T, 3), return_dict=False)
-    return m, inp
-
-
-def _run(model, inp):
-    with torch.no_grad():
-        return model(**inp)[0]
-
-
 @pytest.mark.parametrize("mode", ["layer", "row"])
-def test_splits_reload_after_release_from_one_host_copy(sim_inventory, mode):
+def test_splits_reload_after_release_from_one_host_copy(tiny, run_model, sim_inventory, mode):
     """release() is the engine's, so every runtime's: a resident layer split packs each
     resident group once and reloads it in one copy; a row split packs only its main group
     (its shards are row slices of the module's own weights, which keep their storage: a
     packed copy would sit in RAM beside them). RAM holds the weights once in both, the
     reload computes the same, and the module is given back with one copy."""
     from comfyui_placement.runtime.split import place_split
-    model, inp = _flux256()
+    model, inp = tiny("flux256")
     total = model_bytes(model)
-    ref = _run(model, inp)
+    ref = run_model(model, inp)
     devices = [DevicePlan(n, "gpu", 256 << 20, 256 << 20, None) for n in ("cuda0", "cuda1")]
     plan = Plan(devices, {"diffusion": ComponentPlan("diffusion", ["cuda0", "cuda1"], "cpu",
                                                      split_mode=mode)})
     with place_split(model, plan, "diffusion", sim_inventory) as placed:
-        first = _run(model, inp)
+        first = run_model(model, inp)
         placed.release()
         packed = [g.name for g in placed.resident_groups if id(g) in placed.resident_host]
         held = storages(list(model.parameters()) + list(model.buffers()) +
@@ -207,10 +187,10 @@ def test_splits_reload_after_release_from_one_host_copy(sim_inventory, mode):
         else:
             assert len(packed) == len(placed.resident_groups) >= 3
         before = placed.stats()["devices"]
-        again = _run(model, inp)
+        again = run_model(model, inp)
         after = placed.stats()["devices"]
         reloaded = sum(after[n]["h2d_copies"] - before[n]["h2d_copies"] for n in after)
         assert reloaded == len(placed.resident_groups)      # one copy per resident group
         assert torch.equal(first, again)
     assert sum(storages(list(model.parameters()) + list(model.buffers())).values()) == total
-    assert torch.equal(_run(model, inp), ref)     # the row split's own rounding is gone
+    assert torch.equal(run_model(model, inp), ref)     # the row split's own rounding is gone
