@@ -422,7 +422,7 @@ def layer_split(inventory, names: List[str], device, shape: Shape, dtype, reps: 
     x, vec = stack_inputs(shape, dtype, device)
     first = inventory.get(names[0]).torch_device
     ref_model = build_stack(shape, dtype, first or "cpu")
-    _, ref = time_steps(lambda: ref_model(x, vec), device, 1, 1)
+    _, ref = time_steps(lambda m=ref_model: m(x, vec), device, 1, 1)
     del ref_model
     plan = split_plan(names, 1 << 40)
     with place(model, plan, "diffusion", inventory, blocks=model.block_names()) as placed:
