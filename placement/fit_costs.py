@@ -20,6 +20,7 @@ import re
 from typing import Dict, Mapping, Optional, Tuple
 
 from .units import GiB, MiB
+from .remote_devices import is_remote
 
 # Achieved (not peak) dense bf16 FLOP/s: a current discrete GPU, an integrated one, a CPU.
 DEFAULT_THROUGHPUT = {"gpu": 80e12, "igpu": 8e12, "cpu": 0.5e12}
@@ -295,8 +296,7 @@ class CostModel:
 
 def _machine(name: str) -> str:
     """'' for a device of this machine, the worker alias for ALIAS.DEVICE."""
-    alias, dot, _ = str(name).partition(".")
-    return alias if dot else ""
+    return str(name).partition(".")[0] if is_remote(name) else ""
 
 
 def _network_figures(given, measured: Mapping[str, float]) -> Dict[str, Tuple[float, str]]:

@@ -14,6 +14,7 @@ from .fit_costs import (BATCH_PARALLEL_EFFICIENCY, PIPELINE_EFFICIENCY,
 from .fit_shapes import (Geometry, layer_ranges, remote_tail_spans, row_shares,
                          stream_spans)
 from .layout import compute_shares, ring_schedule
+from .remote_devices import is_remote
 
 PHASE_ORDER = ("encode", "sample", "decode", "upscale")
 
@@ -456,7 +457,7 @@ class Pricing:
         (parallel pipeline asked: one share, priced as the plain split)."""
         if o is None or o.kind != "split" or o.split_mode != "layer" or o.ranges is None \
                 or o.per_device is not None or o.parallel != "none" \
-                or any("." in n for n in o.runtime):     # remote ranges run one by one
+                or any(map(is_remote, o.runtime)):     # remote ranges run one by one
             return None
         key = ("p", id(o), force)
         if key in self._memo:

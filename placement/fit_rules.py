@@ -5,6 +5,7 @@ which kinds of placement are allowed; the executor's row of the capability table
 (placement/capabilities.py) then removes whatever that executor cannot run, so the
 search never proposes a plan the runtime or the ComfyUI adapter would refuse.
 """
+from types import SimpleNamespace
 from typing import Optional, Sequence
 
 from .errors import PlacementError
@@ -99,23 +100,30 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
 PARALLEL_COMPONENTS = ("diffusion", "controlnet")
 
 
+def _asked(choice, comp: str, mode: str, caps, needed) -> tuple:
+    """What parallel batch and pipeline asked with auto-fit both refuse: an executor
+    without the capabilities `needed`, a backend that names fewer than two GPUs. Returns
+    the asked runtime list (None: auto-fit picks) and the one-line advice."""
+    runtime = list(choice.runtime) if choice.runtime else None
+    accepted = (f"name two or more GPUs (backend {comp}=cuda0&cuda1) or leave the backend "
+                f"to auto-fit, or drop parallel {mode}")
+    if caps is not None and not set(needed) <= set(caps):
+        raise PlacementError(f"{comp}: parallel {mode} is not run by this executor for "
+                             f"{comp}; drop parallel {mode}")
+    if runtime is not None and ("cpu" in runtime or len(runtime) < 2):
+        raise PlacementError(f"{comp}: parallel {mode} needs two or more GPUs and the "
+                             f"backend gives {'&'.join(runtime)}; {accepted}")
+    return runtime, accepted
+
+
 def _batch_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str], caps,
                  real_gpus) -> Rules:
     """parallel batch asked with auto-fit: the whole component on each of two or more
     GPUs (the runtime list when given, else auto-fit picks them), resident or streamed
     on each as the preset allows; nothing else is priced, so it is honoured or the fit
     fails saying why."""
-    from types import SimpleNamespace
     comp = geo.comp
-    runtime = list(choice.runtime) if choice.runtime else None
-    accepted = (f"name two or more GPUs (backend {comp}=cuda0&cuda1) or leave the backend "
-                f"to auto-fit, or drop parallel batch")
-    if caps is not None and "batch_parallel" not in caps:
-        raise PlacementError(f"{comp}: parallel batch is not run by this executor for "
-                             f"{comp}; drop parallel batch")
-    if runtime is not None and ("cpu" in runtime or len(runtime) < 2):
-        raise PlacementError(f"{comp}: parallel batch needs two or more GPUs and the backend "
-                             f"gives {'&'.join(runtime)}; {accepted}")
+    runtime, accepted = _asked(choice, comp, "batch", caps, {"batch_parallel"})
     if choice.params not in (None, "cpu", "disk") and (runtime is None
                                                        or choice.params not in runtime):
         raise PlacementError(f"{comp}: parallel batch keeps a copy on each device; params "
@@ -148,21 +156,13 @@ def _pipeline_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str], cap
     one behind the other. Only resident layer splits (held for the session, or loaded
     while the phase runs) are pipelined by the cost model, so nothing else is priced: it
     is honoured or the fit fails saying why (fit_report.explain_failure)."""
-    from types import SimpleNamespace
     comp = geo.comp
-    runtime = list(choice.runtime) if choice.runtime else None
-    accepted = (f"name two or more GPUs (backend {comp}=cuda0&cuda1) or leave the backend "
-                f"to auto-fit, or drop parallel pipeline")
-    if caps is not None and not {"pipeline_split", "layer_split"} <= set(caps):
-        raise PlacementError(f"{comp}: parallel pipeline is not run by this executor for "
-                             f"{comp}; drop parallel pipeline")
     if (choice.split_mode or "layer") != "layer":
         raise PlacementError(f"{comp}: parallel pipeline runs a layer split's stages and "
                              f"split mode {choice.split_mode} has none; use split_mode layer "
                              f"or drop parallel pipeline")
-    if runtime is not None and ("cpu" in runtime or len(runtime) < 2):
-        raise PlacementError(f"{comp}: parallel pipeline needs two or more GPUs and the "
-                             f"backend gives {'&'.join(runtime)}; {accepted}")
+    runtime, accepted = _asked(choice, comp, "pipeline", caps,
+                               {"pipeline_split", "layer_split"})
     if choice.params not in (None, "cpu", "disk") and (runtime is None
                                                        or choice.params not in runtime):
         raise PlacementError(f"{comp}: parallel pipeline splits {comp} over the runtime "

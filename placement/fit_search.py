@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .components import PHASES
 from .fit_costs import STREAM_OVERLAP
+from .remote_devices import is_remote
 from .fit_pricing import PHASE_ORDER, Option, Pricing, streamed_forward
 from .fit_shapes import Geometry
 from .fit_rules import Rules
@@ -46,7 +47,7 @@ class Search(Pricing):
         # GPUs of other machines (ALIAS.DEVICE, placement/remote_devices.py): only a layer
         # split's range held there for the session runs on them (runtime/distributed),
         # and auto-fit gives one only when its network hops price faster than the rest
-        self.remote = {d for d, g in enumerate(gpus) if "." in g}
+        self.remote = {d for d, g in enumerate(gpus) if is_remote(g)}
         self.alternatives: Dict[str, Dict[str, Option]] = {}
         self.comps = sorted(geos, key=lambda c: (-geos[c].total, c))
         self._phase_cache: Dict[tuple, Optional[Tuple[float, list]]] = {}

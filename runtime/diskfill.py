@@ -1,6 +1,7 @@
-"""params=disk for a layer split: each device's resident groups are read from the model
-file once per placement, its streamed blocks are read into staging slots per forward
-(runtime/stream with `Source(read=...)`), nothing else stays in host memory."""
+"""params=disk, the resident groups: the engine (runtime/engine.py `_fill`) reads each one
+from the model file straight into its device buffer, on a real GPU through a host staging
+buffer with several reads in flight. Streamed blocks are read per forward into the ring's
+staging (runtime/stream with `Source(read=...)`); nothing else stays in host memory."""
 from typing import Callable, Iterator, List, Sequence, Tuple
 
 import torch

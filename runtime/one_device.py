@@ -76,9 +76,15 @@ class Placed(StagedEngine):
         return [0] * len(groups)
 
     def _prefix(self, d: int, sizes: List[int], room: int, depth: int) -> int:
-        if self.mode == "stream":       # the plan's prefix; the ledger enforces the budget
-            return min(self.cplan.stream.resident_blocks, len(sizes))
-        return len(sizes)
+        if self.mode != "stream":
+            return len(sizes)
+        # the plan's prefix (the ledger enforces the budget); where auto-fit gave this
+        # device a prefix of its own (a split it is one stage of: the worker ranges beside
+        # it, distributed/planned.py), that one: stream.resident_blocks sums every stage's
+        planned = (self.fit_info.get("stream_per_device") or {}).get(self.device.name)
+        if planned and int(planned[1]) == len(sizes):
+            return min(int(planned[0]), len(sizes))
+        return min(self.cplan.stream.resident_blocks, len(sizes))
 
     def _depth(self) -> int:
         return self.cplan.stream.prefetch_depth if self.mode == "stream" else 0

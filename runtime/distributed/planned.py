@@ -79,16 +79,10 @@ class RemoteStages:
                 kept = [position[i] for i in range(first, last + 1) if i in position]
                 if kept:
                     local_ranges[d] = [kept[0], kept[-1]]
-        stream = comp.stream
-        fit = ((plan.extra or {}).get("fit") or {}).get("components", {}).get(component) or {}
-        planned = (fit.get("stream_per_device") or {}).get(local[0])
-        if stream is not None and len(local) == 1 and planned:
-            # auto-fit's stream.resident_blocks counts every device's prefix (the
-            # workers' whole ranges too); the local device keeps its own
-            stream = replace(stream, resident_blocks=int(planned[0]))
+        # auto-fit's per-device prefixes (extra.fit) go along: each local stage keeps its own
         self.local_plan = Plan(plan.devices, {component: replace(
-            comp, runtime=local, blocks=local_ranges if len(local) > 1 else {},
-            stream=stream)}, list(plan.warnings), plan.version, dict(plan.extra))
+            comp, runtime=local, blocks=local_ranges if len(local) > 1 else {})},
+            list(plan.warnings), plan.version, dict(plan.extra))
         self.module, self.component, self.inventory = module, component, inventory
         self.block_names = blocks
         self.cluster, self.file = cluster, weights_file
