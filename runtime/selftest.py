@@ -306,6 +306,21 @@ def cuda_tests() -> dict:
             "output": proc.stdout[-3000:] if proc.returncode else ""}
 
 
+def window(fn, device, steps: int, settle: Optional[Callable[[], None]] = None):
+    """Seconds per step of `steps` calls back to back (then `settle`, inside the time),
+    and the last output."""
+    out = None
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(steps):
+            out = fn()
+        if settle is not None:
+            settle()
+    _sync(device)
+    return (time.perf_counter() - t0) / steps, out
+
+
 def paired(fn, ref_fn, device, reps: int, settle: Optional[Callable[[], None]] = None,
            steps: int = 4):
     """Median seconds per step of `fn` and of `ref_fn`, measured alternately (after one
@@ -316,24 +331,21 @@ def paired(fn, ref_fn, device, reps: int, settle: Optional[Callable[[], None]] =
     ahead before the window (done by the first settle) are as many as those it issues
     ahead at its end (waited for by the second), so the window holds exactly `steps`
     steps' bytes over the link and its mean step can never fall below max(compute,
-    transfer). (One step timed after a warm step gets the copies that step issued ahead
-    for free: a ring holding every block measured 0.8 of the floor that way.)"""
+    transfer). The resident reference beside it is timed over a window of as many steps.
+    (One step timed after a warm step gets the copies that step issued ahead for free: a
+    ring holding every block measured 0.8 of the floor that way.)"""
     t_fn, t_ref, out = [], [], None
     for i in range(reps + 1):
-        ta, _ = time_steps(ref_fn, device, 0, 1)
+        if settle is None:
+            ta, _ = time_steps(ref_fn, device, 0, 1)
+        else:                       # the reference over a window of as many steps
+            ta, _ = window(ref_fn, device, steps)
         if settle is None:
             time_steps(fn, device, 0, 1)
             t, out = time_steps(fn, device, 0, 1)
         else:
             settle()
-            _sync(device)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                for _ in range(steps):
-                    out = fn()
-            settle()
-            _sync(device)
-            t = (time.perf_counter() - t0) / steps
+            t, out = window(fn, device, steps, settle)
         if i:
             t_ref.append(ta)
             t_fn.append(t)

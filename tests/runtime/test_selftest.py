@@ -22,9 +22,12 @@ def test_selftest_cpu_part(tmp_path, capsys):
         assert row["equal_to_resident"] is True
         assert row["h2d_bytes"] > 0
         # the copy of every streamed block is modelled as taking its time, and a timed window
-        # holds exactly its steps' copies: a step cannot beat max(compute, transfer); 0.9
-        # leaves room for timer noise on a busy machine
-        assert row["per_floor"] > 0.9
+        # holds exactly its steps' copies, so no step beats the link (noise only slows
+        # one down): one step timed after a warm step read 0.8 of it at a deep ring
+        assert row["step_s"] >= 0.98 * report["stream"]["transfer_s"]
+        # the compute side of the floor is the resident step measured beside it, as noisy
+        # as the step itself on a busy machine: 0.8 leaves room for that
+        assert row["per_floor"] > 0.8
     split = report["layer_split"]
     assert split["max_rel_diff"] == 0.0 and split["hops"] > 0
 
