@@ -11,6 +11,7 @@ from .capabilities import DEFAULT_EXECUTOR, check_executor, check_plan
 from .components import COMPONENTS
 from .devices import Inventory
 from .errors import PlacementError
+from .layout import ring_bytes
 from .plan import ComponentPlan, DevicePlan, Plan, StreamPlan
 from .spec import PlacementSpec
 from .units import format_bytes
@@ -308,6 +309,12 @@ def _device_shares(cp: ComponentPlan, info) -> Dict[str, int]:
     the main device also the non-block weights)."""
     if cp.parallel == "batch":               # a whole copy (or stream) on every device
         return {d: cp.resident_bytes for d in cp.runtime}
+    if cp.stream is not None and not cp.is_split and info is not None and info.blocks:
+        # the resident part and the ring the streamed blocks cycle through (the byte
+        # model the runtime allocates: placement/layout.py)
+        k = cp.stream.resident_blocks
+        ring = ring_bytes([b.nbytes for b in info.blocks[k:]], cp.stream.prefetch_depth)
+        return {cp.main_device: cp.resident_bytes + ring}
     if not (cp.is_split and cp.blocks and info is not None and info.blocks):
         return {cp.main_device: cp.resident_bytes}
     share = {d: sum(b.nbytes for b in info.blocks[r[0]:r[1] + 1]) for d, r in cp.blocks.items()}

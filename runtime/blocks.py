@@ -2,8 +2,10 @@
 
 Found from the module's structure: the shallowest module holding known block groups
 (transformer_blocks, double_blocks, down_blocks/mid_block/up_blocks, layers, ...),
-groups taken in the order they run in the architectures we know. The streamer checks
-the order on the first forward and adopts what it sees. Everything outside the blocks
+groups taken in the order they run in the architectures we know; failing those, the
+ModuleLists that hold most of a module's weights, whatever their names. The streamer
+checks the order on the first forward and adopts what it sees, and a block is entered by
+whatever of it runs (units.py: a container's own forward may never be called). Everything outside the blocks
 (embeddings, final layers) is non-block and stays resident.
 """
 from collections import deque
@@ -17,11 +19,14 @@ from ..placement.errors import PlacementError
 # Group attribute names in the order they execute in the architectures we know.
 GROUP_ORDER = (
     "noise_refiner", "context_refiner",                        # Lumina2 / Z-Image
+    "text_transformer_blocks",                                  # Kandinsky5
     "down_blocks", "input_blocks",                              # UNets (diffusers, ldm)
     "double_blocks", "double_stream_blocks", "joint_blocks",    # Flux/HiDream/SD3 (ldm)
-    "transformer_blocks",                                       # diffusers DiTs
+    "double_layers",                                            # AuraFlow
+    "transformer_blocks", "visual_transformer_blocks",          # diffusers DiTs, Kandinsky5
     "mid_block", "middle_block",
     "single_blocks", "single_stream_blocks", "single_transformer_blocks",
+    "single_layers", "single_stream_layers",
     "up_blocks", "output_blocks",
     "blocks", "layers", "block", "h",                           # Wan, LLMs, T5, GPT-style
 )
@@ -35,6 +40,18 @@ def _has_tensors(module: nn.Module) -> bool:
         next(module.buffers(), None) is not None
 
 
+def _members(name: str, child: nn.ModuleList) -> List[Block]:
+    """A group's blocks; an element that is itself a ModuleList (Stable Cascade's levels:
+    no forward, the model loops their layers) gives its layers as blocks."""
+    out: List[Block] = []
+    for i, b in enumerate(child):
+        if isinstance(b, nn.ModuleList):
+            out += [(f"{name}.{i}.{j}", u) for j, u in enumerate(b) if _has_tensors(u)]
+        elif _has_tensors(b):
+            out.append((f"{name}.{i}", b))
+    return out
+
+
 def _groups_of(module: nn.Module) -> List[Block]:
     children = dict(module.named_children())
     lists = [n for n in GROUP_ORDER if isinstance(children.get(n), nn.ModuleList)
@@ -45,7 +62,7 @@ def _groups_of(module: nn.Module) -> List[Block]:
     for name in GROUP_ORDER:
         child = children.get(name)
         if isinstance(child, nn.ModuleList):
-            blocks += [(f"{name}.{i}", b) for i, b in enumerate(child) if _has_tensors(b)]
+            blocks += _members(name, child)
         elif name in SINGLE_GROUPS and child is not None and _has_tensors(child):
             blocks.append((name, child))
     return blocks
@@ -53,7 +70,9 @@ def _groups_of(module: nn.Module) -> List[Block]:
 
 def find_blocks(module: nn.Module, names: Optional[Sequence[str]] = None) -> List[Block]:
     """Blocks as (qualified name, module) in expected execution order.
-    `names`: an explicit list (a plan's or metadata's BlockInfo names)."""
+    `names`: an explicit list (a plan's or metadata's BlockInfo names). Known group
+    names first; failing those, the repeated units by shape (`_repeated`). Either way the
+    streamer learns the order that really runs on the first forward."""
     if names is not None:
         return _named_blocks(module, names)
     todo = deque([("", module)])
@@ -62,6 +81,35 @@ def find_blocks(module: nn.Module, names: Optional[Sequence[str]] = None) -> Lis
         found = _groups_of(mod)
         if len(found) >= 2:
             return [(prefix + n, b) for n, b in found]
+        for name, child in mod.named_children():
+            todo.append((f"{prefix}{name}.", child))
+    return _repeated(module)
+
+
+def _bytes(m: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in
+               list(m.parameters()) + list(m.buffers()))
+
+
+# a module's block lists, by shape: at least this share of its weights in ModuleLists of
+# two or more modules that hold tensors
+REPEATED_SHARE = 0.5
+
+
+def _repeated(module: nn.Module) -> List[Block]:
+    """Block lists of any name: the shallowest module whose ModuleLists of two or more
+    tensor-holding modules hold at least half of its weights (AuraFlow's double_layers /
+    single_layers, Kandinsky5's text/visual blocks, whatever a new family calls them),
+    in registration order."""
+    todo = deque([("", module)])
+    while todo:
+        prefix, mod = todo.popleft()
+        total = _bytes(mod)
+        lists = [(n, c) for n, c in mod.named_children() if isinstance(c, nn.ModuleList)
+                 and sum(1 for b in c if _has_tensors(b)) >= 2]
+        listed = sum(_bytes(c) for _, c in lists)
+        if total and lists and listed >= REPEATED_SHARE * total:
+            return [(prefix + bn, b) for n, c in lists for bn, b in _members(n, c)]
         for name, child in mod.named_children():
             todo.append((f"{prefix}{name}.", child))
     return []

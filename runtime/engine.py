@@ -17,7 +17,7 @@ What lives here, once:
   keeps one across runs, else the placement's own), whose buffers come from one
   `PinnedPool` (exact-size pinned buffers within a cap on CUDA, else pageable);
 - stats.
-Where a streamed block arrives is runtime/stream.py (`Streamer._pre`).
+Where a streamed block arrives is runtime/stream.py (`Streamer.arrive`).
 """
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -29,6 +29,7 @@ from .faults import teardown_after
 from .hoststore import HostStore
 from .residency import Group, PinnedPool, default_pinned_cap, give_back_freed_host_memory
 from .restore import put_back
+from .simcheck import forward_check
 from .simdevice import Link
 from .target import open_target
 from .tensors import key_mapper, module_tensors
@@ -173,6 +174,8 @@ class Engine:
         self.headroom = [headroom_for(option, t.name) for t in self.targets]
         if len(self.targets) > 1:
             self.mover = Mover(self.targets, self.hop_link)
+        self.check = forward_check(self.component, self.targets)
+        self.cuda_devices = [t.device for t in self.targets if t.is_cuda]
         self.pool = PinnedPool(any(t.is_cuda for t in self.targets),
                                self.max_pinned_bytes if self.max_pinned_bytes is not None
                                else default_pinned_cap())
@@ -253,6 +256,8 @@ class Engine:
             if t.is_cuda:
                 torch.cuda.synchronize(t.device)
         self.loaded = True
+        if self.check is not None:
+            self.check.watch(self._moved_resting())
         self._after_load()
 
     def _fill(self, g: Group, buf: torch.Tensor) -> None:
@@ -273,6 +278,66 @@ class Engine:
 
     def _after_load(self) -> None:
         """Subclasses: work on the freshly loaded device copies (LoRA patches)."""
+
+    def _moved_resting(self):
+        """(name, resting tensor) of every weight this placement moves onto a device:
+        the simulated device's check refuses computing with those resting copies."""
+        for g in self.resident_groups:
+            for t, names in zip(g.tensors, g.names):
+                yield names[0], self.rest.get(id(t))
+        for s in self.streamers:
+            for g, src in zip(s.groups, s.sources):
+                for t, names in zip(g.tensors, g.names):
+                    yield names[0], self.rest.get(id(t))
+                if src.host is not None:
+                    yield f"{g.name} (its host copy)", src.host
+
+    # -- hooks every runtime shares -----------------------------------------------------
+    def _attach_check(self) -> None:
+        """The module's forward runs inside a guard (an instance `forward` that wraps the
+        module's own, removed at detach): on a simulated device, the device check
+        (simcheck.py); on CUDA, the caller's current device is put back (blocks make their
+        own device current, `_current_device`). A wrapper, not a pre/post hook pair:
+        torch skips always-call hooks on a KeyboardInterrupt, and a dispatch mode must be
+        left in the frame (and inference-mode guard) it was entered in. Hooks run outside
+        it: the root pre-hook's load copies weights, which the check allows anyway."""
+        check, cuda = self.check, bool(self.cuda_devices)
+        if check is None and not cuda:
+            return
+        module = self.module
+        inner = module.forward
+        self._own_forward = ("forward" in module.__dict__, module.__dict__.get("forward"))
+
+        def forward(*args, **kwargs):
+            device = torch.cuda.current_device() if cuda else None
+            if check is not None:
+                check.enter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                if check is not None:
+                    check.leave()
+                if device is not None:
+                    torch.cuda.set_device(device)
+        module.forward = forward
+
+    def _detach_check(self) -> None:
+        own = getattr(self, "_own_forward", None)
+        if own is None:
+            return
+        self._own_forward = None
+        had, previous = own
+        if had:
+            self.module.forward = previous
+        else:
+            self.module.__dict__.pop("forward", None)
+
+    def _current_device(self, gi: int) -> None:
+        """On CUDA, a block computes with its own device current, so kernels that bind a
+        workspace to the current device (fp8/int8 kernels) run on the right GPU."""
+        device = self.targets[self.owner[gi]].device if self.owner else self.targets[0].device
+        if device.type == "cuda" and torch.cuda.current_device() != device.index:
+            torch.cuda.set_device(device)
 
     def _unload(self) -> None:
         """Give the device memory back; tensors point at their resting copies."""
@@ -330,14 +395,15 @@ class Engine:
         for h in self._handles:
             h.remove()
         self._handles = []
-        for s in self.streamers:
-            s.detach()
 
     def _free_extra(self) -> None:
         """Subclasses: device memory held beside the groups (LoRA patches)."""
 
     def _teardown(self) -> None:
+        if getattr(self, "check", None) is not None:
+            self.check.close()
         self._detach()
+        self._detach_check()
         if self.mover is not None:
             self.mover.end_forward()          # drop copies a forward stopped midway left
         try:
@@ -373,6 +439,10 @@ class Engine:
         out["pageable_host_bytes"] = pool.pageable_bytes if pool is not None else 0
         if pool is not None and pool.warning:
             out["pinned_warning"] = pool.warning
+        check = getattr(self, "check", None)
+        if check is not None:
+            out["device_check"] = "on" if check.off_because is None else \
+                f"off: {check.off_because}"
         out.update(self._more_stats())
         return out
 

@@ -14,7 +14,6 @@ Subclasses decide who owns each block (`_owner`) and how many of a stage's block
 resident (`_prefix`); everything else is here.
 """
 import threading
-from functools import partial
 from typing import List, Optional
 
 import torch
@@ -26,6 +25,7 @@ from .engine import Engine
 from .hoststore import group_key
 from .residency import give_back_freed_host_memory
 from .stream import Source, Streamer
+from .units import BlockEvents
 from .tensors import make_group, seen_bytes, to_device
 from .weightfile import DiskLayout, open_weight_file
 
@@ -115,6 +115,7 @@ class StagedEngine(Engine):
         self.host_blocks = len(in_ram)
         self.host_stream_bytes = self.disk_bytes = self.disk_read_bytes = 0
         self.streamed_blocks = {}
+        self.arrivals = [None] * len(groups)     # block -> (its streamer, index in it)
         kept_keys = []
         for d, streamed in pending:
             sources = []
@@ -140,9 +141,11 @@ class StagedEngine(Engine):
                 if packed and self.host_store is None:
                     give_back_freed_host_memory()
                 sources.append(Source(host=host))
-            self.streamers.append(Streamer(self.targets[d], [groups[i] for i in streamed],
-                                           [self.block_modules[i] for i in streamed],
-                                           sources, self.depth, staging=self.pool.alloc))
+            streamer = Streamer(self.targets[d], [groups[i] for i in streamed], sources,
+                                self.depth, staging=self.pool.alloc)
+            self.streamers.append(streamer)
+            for j, i in enumerate(streamed):
+                self.arrivals[i] = (streamer, j)
             self.streamed_blocks[self.targets[d].name] = len(streamed)
         self.store.retain(kept_keys)        # drops groups this placement does not stream
 
@@ -157,30 +160,37 @@ class StagedEngine(Engine):
     # -- hooks --------------------------------------------------------------------------
     def _attach(self) -> None:
         m = self.module
+        self._attach_check()
         self._handles.append(m.register_forward_pre_hook(self._root_pre, with_kwargs=True))
         self._handles.append(m.register_forward_hook(self._root_post))
         # inputs go to the main device on real hardware (a simulated device is host memory)
         self._move_inputs = self.targets[0].is_cuda if self.mover is None \
             else not self.mover.simulated
+        # blocks are entered by whatever runs them (units.py): their own forward, or the
+        # first of their layers when a container's forward is never called
+        events = self.events = BlockEvents(self.block_modules)
+        events.on_enter += self._enter_listeners()
+        if self.arrivals:
+            events.on_enter.append(self._arrive)
         if self.mover is None:              # one stage: note the activations, nothing hops
-            for b in self.block_modules:
-                self._handles.append(b.register_forward_pre_hook(self._stage_pre,
-                                                                 with_kwargs=True))
+            events.on_call.append(self._stage_call)
         else:
-            self._attach_boundaries()
-        for s in self.streamers:
-            s.attach()
+            self._last_block = len(self.block_modules) - 1
+            events.on_call.append(self._block_call)
+            events.on_output.append(self._block_out)
+        if self.cuda_devices:
+            events.on_enter.append(self._current_device)
+        events.attach()
+        self._handles.append(events)
 
-    def _attach_boundaries(self) -> None:
-        last = len(self.block_modules) - 1
-        for i, (block, d) in enumerate(zip(self.block_modules, self.owner)):
-            ledger = self.targets[d].ledger
-            pre = partial(self._block_pre, d, self.entry[i], ledger)
-            self._handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-            if i == last and self.exit_needed:
-                self._handles.append(block.register_forward_hook(partial(self._block_exit, d)))
-            elif d != 0 and self.mover.simulated:
-                self._handles.append(block.register_forward_hook(partial(self._block_tag, d)))
+    def _enter_listeners(self) -> list:
+        """Subclasses: listeners that must see a block's entry before its arrival."""
+        return []
+
+    def _arrive(self, gi: int) -> None:
+        hit = self.arrivals[gi]
+        if hit is not None:
+            hit[0].arrive(hit[1])
 
     def _root_pre(self, module, args, kwargs):
         if not self.loaded:
@@ -195,44 +205,64 @@ class StagedEngine(Engine):
         self.targets[0].ledger.set_activations(self._root_in, "forward inputs")
         for s in self.streamers:
             s.begin_forward()
+        self.events.begin_forward()
         if self._move_inputs:
             main = self.targets[0].device
             return to_device(args, main), to_device(kwargs, main)
         return None
 
-    def _stage_pre(self, module, args, kwargs):
+    def _stage_call(self, gi, args, kwargs):
         self.targets[0].ledger.set_activations(self._root_in + seen_bytes(args, kwargs),
                                                "block activations")
         return None
 
-    def _block_pre(self, d, entry, ledger, module, args, kwargs):
+    def _block_call(self, gi, args, kwargs):
+        d = self.owner[gi]
         mover = self.mover
         copies, mover.served = mover.copies, 0
         args, kwargs = mover.bring(args, d), mover.bring(kwargs, d)
-        if entry and mover.copies != copies:
+        if self.entry[gi] and mover.copies != copies:
             self._hop()
         base = mover.cache_bytes[d] - mover.served + (self._root_in if d == 0 else 0)
-        ledger.set_activations(base + seen_bytes(args, kwargs), "block activations")
+        self.targets[d].ledger.set_activations(base + seen_bytes(args, kwargs),
+                                               "block activations")
         return args, kwargs
 
     def _hop(self) -> None:
         with self._hop_lock:                # pipelined shares cross boundaries at once
             self.hops += 1
 
-    def _block_tag(self, d, module, args, output):
-        self.mover.tag_outputs(output, d)
+    def _block_out(self, gi, output, last):
+        d = self.owner[gi]
+        if gi == self._last_block and last and self.exit_needed:
+            if self.mover.simulated:
+                self.mover.tag_outputs(output, d)
+            copies = self.mover.copies
+            output = self.mover.bring(output, 0)
+            if self.mover.copies != copies:
+                self._hop()
+            return output
+        if d != 0 and self.mover.simulated:
+            self.mover.tag_outputs(output, d)
         return None
 
-    def _block_exit(self, d, module, args, output):
-        if self.mover.simulated:
-            self.mover.tag_outputs(output, d)
-        copies = self.mover.copies
-        output = self.mover.bring(output, 0)
-        if self.mover.copies != copies:
-            self._hop()
-        return output
+    def follow(self, x, like):
+        """`x` brought to the device `like` is on (a caller's skip connection: ComfyUI's
+        UNet concatenates an input block's output with an output block's input)."""
+        if self.mover is None:
+            return x
+        where = self.mover.where(like)
+        for d, key in enumerate(self.mover.keys):
+            if key == where:
+                copies = self.mover.copies
+                out = self.mover.bring(x, d)
+                if self.mover.copies != copies:
+                    self._hop()
+                return out
+        return x
 
     def _root_post(self, module, args, output):
+        self.events.end_forward()
         if not self._pipelined:
             for s in self.streamers:
                 s.end_forward()

@@ -1,7 +1,7 @@
 """Block streaming: a byte ring on the device, as many blocks in flight as fit in it.
 
-This is where a streamed block arrives: `Streamer._pre` (the block's forward pre-hook)
-waits for its copy, binds its tensors and calls the `on_arrive` seam (LoRA patches,
+This is where a streamed block arrives: `Streamer.arrive` (called when execution enters
+the block, runtime/units.py, whatever runs it) waits for its copy, binds its tensors and calls the `on_arrive` seam (LoRA patches,
 GGUF dequantization hang there; `region(gi)` is the block's bytes in the ring).
 
 Streamed blocks are consumed in a sequence that runs on across forwards (sampling
@@ -23,7 +23,6 @@ clean ring.
 """
 import time
 import warnings
-from functools import partial
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -44,13 +43,12 @@ class Source:
 
 
 class Streamer:
-    def __init__(self, target, groups: Sequence[Group], modules: Sequence[torch.nn.Module],
-                 sources: Sequence[Source], depth: int, staging: Optional[Callable] = None):
+    def __init__(self, target, groups: Sequence[Group], sources: Sequence[Source], depth: int,
+                 staging: Optional[Callable] = None):
         """`staging(nbytes)` allocates a host staging buffer (disk sources only)."""
         self.target = target
         self.transfer = target.transfer
         self.groups = list(groups)
-        self.modules = list(modules)
         self.sources = list(sources)
         self.reads = [s.read for s in self.sources]
         self.sizes = [g.nbytes for g in self.groups]
@@ -68,7 +66,6 @@ class Streamer:
         self.learning = True
         self.observed: List[int] = []
         self.dynamic = False            # a block runs twice per forward: always synchronous
-        self._handles = []
         self._lay_out()
         self._reset()
 
@@ -143,16 +140,6 @@ class Streamer:
         off = self.bound[gi]
         return self.ring[off:off + self.sizes[gi]]
 
-    # -- hooks -----------------------------------------------------------------------
-    def attach(self) -> None:
-        for gi, m in enumerate(self.modules):
-            self._handles.append(m.register_forward_pre_hook(partial(self._pre, gi)))
-
-    def detach(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
     # -- the ring ----------------------------------------------------------------------
     def _reset(self) -> None:
         self.q = 0                      # global index of the next block to consume
@@ -213,7 +200,8 @@ class Streamer:
         self.fstart = self.q
         self._issue_upto(self._horizon(self.q))
 
-    def _pre(self, gi: int, module, args) -> None:
+    def arrive(self, gi: int) -> None:
+        """Block gi is entered: wait for its copy (issuing the next ones), bind it."""
         if self.learning:
             self.observed.append(gi)
         q = self.q

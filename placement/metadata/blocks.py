@@ -26,6 +26,8 @@ FAMILY_TAILS: Dict[str, Dict[str, Tail]] = {
     # diffusion models and the ControlNets built from them: groups at the root only
     "diffusion": {
         "noise_refiner": _D(10, True), "context_refiner": _D(11, True),
+        "text_transformer_blocks": _D(12, True), "visual_transformer_blocks": _D(20, True),
+        "single_stream_layers": _D(30, True),
         "vace_blocks": _D(15, True),
         "double_blocks": _D(20, True), "joint_blocks": _D(20, True),
         "double_stream_blocks": _D(20, True), "double_layers": _D(20, True),
@@ -68,6 +70,9 @@ FAMILY_TAILS: Dict[str, Dict[str, Tail]] = {
         "layers": _D(10, True, False),
     },
 }
+# Groups whose members may be levels of layers (Stable Cascade: 'down_blocks.L.N.'; a
+# diffusers UNet's are named, 'down_blocks.0.resnets.0.', and stay one block per stage).
+LEVEL_GROUPS = {"down_blocks", "up_blocks"}
 # Families whose groups may sit under any prefix (a sub-model's root).
 NESTED = {"te", "clip_vision"}
 
@@ -114,6 +119,9 @@ def find_blocks(tensors: Sequence[TensorInfo], family: str) -> BlockScan:
     component's resident rest (embeddings, norms, heads)."""
     tails = FAMILY_TAILS[family]
     match = _REGEX[family].match
+    # Stable Cascade's stages are levels of layers ('down_blocks.L.N.'): the runtime's
+    # blocks are the layers (runtime/blocks.py), so are the planner's
+    levels = family == "diffusion"
     acc: Dict[str, list] = {}          # block name -> [group, index, nbytes, suffixes, tail]
     by_dtype: Dict[str, int] = {}
     by_quant: Dict[str, int] = {}
@@ -142,17 +150,24 @@ def find_blocks(tensors: Sequence[TensorInfo], family: str) -> BlockScan:
             continue
         root = m.group(1)
         tail = m.group("n")
+        sub = 0
         if tail is not None:
             index = int(m.group("i"))
             group = root + tail
             bname = f"{group}.{index}" if group else str(index)
+            if levels and tail in LEVEL_GROUPS:    # 'down_blocks.0.3.': a level's layers
+                rest = name[len(bname) + 1:]
+                dot = rest.find(".")
+                if dot > 0 and rest[:dot].isdigit():
+                    sub = int(rest[:dot])
+                    bname = f"{bname}.{sub}"
         else:
             tail = m.group("s")
             index = 0
             group = bname = root + tail
         a = acc.get(bname)
         if a is None:
-            a = acc[bname] = [group, index, 0, [], tail]
+            a = acc[bname] = [group, index, 0, [], tail, sub]
         cur_prefix = bname + "."
         cur_len = len(cur_prefix)
         cur_bytes, cur_suffixes = a, a[3]
@@ -165,9 +180,10 @@ def find_blocks(tensors: Sequence[TensorInfo], family: str) -> BlockScan:
     # Execution order: by the tail's rank, then by sub-model root (te: several encoders),
     # then by index (descending where the architecture runs the stages backwards).
     def order(item):
-        group, index, _, _, tail = item[1]
+        group, index, _, _, tail, sub = item[1]
         rule = tails[tail]
-        return (rule.rank, group[: len(group) - len(tail)], -index if rule.reverse else index)
+        return (rule.rank, group[: len(group) - len(tail)], -index if rule.reverse else index,
+                sub)
 
     items = sorted(acc.items(), key=order)
     blocks = [Block(bname, a[0], a[1], a[2], len(a[3])) for bname, a in items]

@@ -47,6 +47,7 @@ from .gguf_models import gguf_key_map, gguf_model_file
 from .patchers import plain_clone
 from .row_lora import row_lora_options
 from .cut import cut_comfy_inputs
+from .skips import with_skip_follow
 
 log = logging.getLogger("comfyui-placement")
 RUN_STATS = 16          # stats of the last placements a session keeps
@@ -131,6 +132,9 @@ class EngineSession:
         base = executor.class_obj
         if self.placed is None:
             self.open(base.diffusion_model)
+        if getattr(self.placed, "mover", None) is not None and \
+                hasattr(self.placed, "follow"):     # a layer split: skips cross devices
+            args, kwargs = with_skip_follow(args, kwargs, self.placed.follow)
         return run_on_copy(executor, base, self.base_view(base), args, kwargs)
 
     def base_view(self, base):

@@ -53,10 +53,13 @@ class Workload:
 
 def from_latent_shape(shape, spatial: int = 8, temporal: int = 1, steps: int = 20,
                       cond_batch: int = 1, source: str = "latent") -> Workload:
-    """[B, C, H, W] or [B, C, T, H, W] latent -> pixels, frames and batch."""
+    """[B, C, H, W] or [B, C, T, H, W] latent -> pixels, frames and batch; a sequence
+    latent [B, C, L] (Hunyuan3D's shape tokens, audio) counts as one row of L."""
     shape = [int(s) for s in shape]
-    if len(shape) < 4:
-        raise ValueError(f"a latent has 4 or 5 dimensions, got shape {shape}")
+    if len(shape) < 3:
+        raise ValueError(f"a latent has 3, 4 or 5 dimensions, got shape {shape}")
+    if len(shape) == 3:
+        shape = [shape[0], shape[1], 1, shape[2]]
     batch, height, width = shape[0], shape[-2], shape[-1]
     frames = (shape[2] - 1) * max(1, int(temporal)) + 1 if len(shape) >= 5 else 1
     spatial = max(1, int(spatial))

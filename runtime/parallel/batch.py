@@ -330,6 +330,10 @@ class BatchPlaced:
                 "last_shares": dict(self.last_shares),
                 "threads": {d: len(t) for d, t in self.threads_seen.items()},
                 "host_pack_bytes": sum(s.get("host_pack_bytes", 0) for s in per.values()),
+                "device_check": next((s["device_check"] for s in per.values()
+                                      if s.get("device_check", "on") != "on"),
+                                     "on" if any("device_check" in s for s in per.values())
+                                     else None),
                 "per_device": per}
 
     def stats(self) -> dict:

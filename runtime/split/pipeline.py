@@ -19,7 +19,6 @@ next stage boundary and joined before it is raised, also on KeyboardInterrupt.
 import contextlib
 import threading
 import time
-from functools import partial
 from typing import Callable, List, Optional
 
 import torch
@@ -58,18 +57,23 @@ class PipelinedSplit(LayerSplit):
         owner = self.owner
         starts = [i for i in range(len(owner)) if i == 0 or owner[i] != owner[i - 1]]
         self.stage_starts = starts
+        self.stage_of_start = {i: k for k, i in enumerate(starts)}
         self.stage_device = [owner[i] for i in starts]
         by_device = {s.target.name: s for s in self.streamers}
         self.stage_streamer = [by_device.get(self.targets[d].name) for d in self.stage_device]
-        # gates first: they must run before the split's and the streamer's pre-hooks
-        for k, i in enumerate(starts):
-            block = self.block_modules[i]
-            self._handles.append(block.register_forward_pre_hook(partial(self._enter, k)))
         super()._attach()
-        last = self.block_modules[-1]
-        self._handles.append(last.register_forward_hook(partial(self._leave_last,
-                                                                 len(starts) - 1)))
+        # a split has output listeners, so the events hooked every block's end
+        self.events.on_output.append(self._leave_last)
         self._install()
+
+    def _enter_listeners(self) -> list:
+        # gates first: they must run before the split's and the streamer's
+        return [self._gate_enter]
+
+    def _gate_enter(self, gi: int) -> None:
+        k = self.stage_of_start.get(gi)
+        if k is not None:
+            self._enter(k)
 
     def _detach(self) -> None:
         self._uninstall()
@@ -92,7 +96,7 @@ class PipelinedSplit(LayerSplit):
             del self.module.__dict__["forward"]
         self._override = False
 
-    def _enter(self, k: int, module, args) -> None:
+    def _enter(self, k: int) -> None:
         share = self._share
         s = getattr(share, "index", None)
         if s is None:                               # a plain (batch 1) forward
@@ -127,10 +131,12 @@ class PipelinedSplit(LayerSplit):
                 self._turn[j] = max(self._turn[j], s + 1)
             self._gate.notify_all()
 
-    def _leave_last(self, k: int, module, args, output):
+    def _leave_last(self, gi: int, output, last: bool):
+        if gi != len(self.owner) - 1 or not last:
+            return None
         s = getattr(self._share, "index", None)
         if s is not None:
-            self._pass_before(k + 1, s)
+            self._pass_before(len(self.stage_starts), s)
         return None
 
     # -- the forward --------------------------------------------------------------------

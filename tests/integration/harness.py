@@ -49,11 +49,11 @@ def comfy_python() -> str:
     return sys.executable
 
 
-def run_driver(driver: Path, marker: str, work: Path) -> dict:
+def run_driver(driver: Path, marker: str, work: Path, extra=()) -> dict:
     """Run `driver` in ComfyUI's Python; return the JSON it printed after `marker`."""
     proc = subprocess.run(
         [comfy_python(), str(driver), "--comfyui", COMFYUI_PATH, "--pack", str(PACK),
-         "--work", str(work)],
+         "--work", str(work), *extra],
         capture_output=True, text=True, timeout=900,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "COMFYUI_PLACEMENT_SIMULATE": ""})
     lines = [l for l in proc.stdout.splitlines() if l.startswith(marker + " ")]

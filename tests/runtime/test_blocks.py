@@ -81,3 +81,42 @@ def test_place_accepts_block_infos(tiny, run_model, plan_for, sim_inventory):
                blocks=blocks) as placed:
         assert torch.equal(run_model(model, inp), ref)
     assert placed.stats()["streamed_blocks"] == 2
+
+
+class AnyNames(nn.Module):              # AuraFlow / Kandinsky5-like: lists of new names
+    def __init__(self):
+        super().__init__()
+        self.embed = lin()
+        self.front_stack = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+        self.back_stack = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+        self.head = lin()
+
+
+def test_block_lists_of_any_name_are_found_by_shape():
+    assert names(AnyNames()) == ["front_stack.0", "front_stack.1", "back_stack.0",
+                                 "back_stack.1", "back_stack.2"]
+    small = AnyNames()
+    small.embed = nn.Linear(64, 64)          # most weights outside the lists: no blocks
+    assert names(small) == []
+
+
+def test_comfy_names_of_auraflow_and_kandinsky5():
+    aura = nn.Module()
+    aura.double_layers = nn.ModuleList([lin(), lin()])
+    aura.single_layers = nn.ModuleList([lin(), lin()])
+    assert names(aura) == ["double_layers.0", "double_layers.1", "single_layers.0",
+                           "single_layers.1"]
+    k5 = nn.Module()
+    k5.visual_transformer_blocks = nn.ModuleList([lin(), lin()])
+    k5.text_transformer_blocks = nn.ModuleList([lin(), lin()])
+    assert names(k5) == ["text_transformer_blocks.0", "text_transformer_blocks.1",
+                         "visual_transformer_blocks.0", "visual_transformer_blocks.1"]
+
+
+def test_levels_of_layers_give_their_layers_as_blocks():
+    """Stable Cascade: down_blocks holds levels (ModuleLists the model loops)."""
+    m = nn.Module()
+    m.down_blocks = nn.ModuleList([nn.ModuleList([lin(), lin()]), nn.ModuleList([lin()])])
+    m.up_blocks = nn.ModuleList([nn.ModuleList([lin()]), nn.ModuleList([lin(), lin()])])
+    assert names(m) == ["down_blocks.0.0", "down_blocks.0.1", "down_blocks.1.0",
+                        "up_blocks.0.0", "up_blocks.1.0", "up_blocks.1.1"]

@@ -55,7 +55,8 @@ def assert_clean(placed, threads_before, fds_before):
     while len(copy_threads()) > threads_before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(copy_threads()) == threads_before
-    assert open_fds() == fds_before
+    # no descriptor left open (fewer is fine: the collector may close an earlier test's)
+    assert open_fds() <= fds_before
 
 
 def one_error(excinfo):

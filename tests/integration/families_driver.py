@@ -1,0 +1,627 @@
+"""Runs inside ComfyUI's own Python: every model family of families.py through a real
+headless, in-process ComfyUI with this pack loaded.
+
+`PYTHON families_driver.py --comfyui DIR --pack DIR --work DIR [--families a,b]
+[--heavy] [--meta-all]`. For each family it writes the tiny random diffusion model
+(families.py) where UNETLoader looks, then runs a real API prompt through ComfyUI's
+validator and executor: UNETLoader -> KSampler (2 steps, euler, cfg 2) with test nodes
+for the conditioning and the empty latent, and a sink that records the sampled latent.
+Families whose architecture detection hard-codes at full size (tier "meta") are built
+on the meta device at full size instead and checked by detection only. It asserts
+nothing and never raises: the last line is `FAMILIES_RESULTS {json}`.
+
+`family_prompt(family, placement_inputs)` inserts Backend Assignment -> Apply Placement
+between the loader and the sampler, as comfy_driver.pipeline() does, for placed runs to
+compare against the plain one with `compare()`.
+"""
+import argparse
+import asyncio
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def parse_args():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--comfyui", required=True)
+    ap.add_argument("--pack", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--families", default="", help="comma-separated keys (default: all)")
+    ap.add_argument("--heavy", action="store_true",
+                    help="also build and run the 'min' tier (full widths, hundreds of MB)")
+    ap.add_argument("--meta-all", action="store_true",
+                    help="also check every family's full-size config on the meta device")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="run each family that allows it with every block list of this "
+                         "depth (Family.with_depth) instead of the default 1-2")
+    ap.add_argument("--placed", default="",
+                    help="JSON of Backend Assignment inputs: after each plain run, the same "
+                         "prompt placed with them, compared with the plain latent")
+    ap.add_argument("--ways", default="",
+                    help="comma-separated placements to run after each plain run, each "
+                         "on a simulated inventory sized from the model's blocks: "
+                         "stream_cpu, stream_disk, layer, row, auto_fit (or 'all')")
+    ap.add_argument("--simulate", default="",
+                    help="COMFYUI_PLACEMENT_SIMULATE inventory for the placed runs "
+                         "(e.g. cuda0=1MiB), or auto:F for one device of F x each "
+                         "model's parameter bytes")
+    return ap.parse_args()
+
+
+ARGS = parse_args()
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ARGS.comfyui)
+sys.path.insert(0, HERE)
+os.chdir(ARGS.comfyui)
+sys.argv = [sys.argv[0], "--cpu", "--disable-dynamic-vram", "--use-pytorch-cross-attention",
+            "--output-directory", os.path.join(ARGS.work, "output"),
+            "--temp-directory", os.path.join(ARGS.work, "tmp")]
+
+import comfy.options  # noqa: E402
+
+comfy.options.enable_args_parsing()
+
+import torch  # noqa: E402
+
+import folder_paths  # noqa: E402
+import comfy.model_management  # noqa: E402
+import nodes  # noqa: E402
+
+import families as fam_mod  # noqa: E402
+from headless import new_executor, pack_module, run_prompt, start_comfy  # noqa: E402
+from families import FAMILIES, PAIRS  # noqa: E402
+
+RESULTS = {"errors": [], "families": {}}
+KEPT = {}     # tag -> facts about (and a reference to) the MODEL the loader returned
+SINK = {}     # tag -> sampled latent (CPU copy)
+
+
+# -- test-only nodes (never shipped in the pack) -------------------------------------
+class FamilyTestConditioning:
+    """The family's CONDITIONING (families.py) in place of its text encoder."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"family": ("STRING", {"default": ""}),
+                             "seed": ("INT", {"default": 0})}}
+    RETURN_TYPES = ("CONDITIONING",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, family, seed):
+        return (FAMILIES[family].conditioning(seed),)
+
+
+class FamilyTestLatent:
+    """The family's empty latent (zeros of its latent shape, 5-D for video)."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"family": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, family):
+        return (FAMILIES[family].empty_latent(),)
+
+
+class FamilyTestLatentSink:
+    """Records the sampled latent under its tag."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",), "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, samples, tag):
+        SINK[tag] = samples["samples"].detach().to("cpu", copy=True)
+        return {}
+
+
+class FamilyTestKeepModel:
+    """Keeps a MODEL (the loader's or Apply Placement's) and what ComfyUI made of it."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, model, tag):
+        KEPT[tag] = {"model": model, "facts": model_facts(model)}
+        return {}
+
+
+class FamilyTestPlanSink:
+    """Records Apply Placement's plan_json under its tag (PLANS)."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"plan_json": ("STRING", {"forceInput": True}),
+                             "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, plan_json, tag):
+        PLANS[tag] = json.loads(plan_json)
+        return {}
+
+
+PLANS = {}
+TEST_NODES = {"FamilyTestPlanSink": FamilyTestPlanSink,
+              "FamilyTestConditioning": FamilyTestConditioning,
+              "FamilyTestLatent": FamilyTestLatent,
+              "FamilyTestLatentSink": FamilyTestLatentSink,
+              "FamilyTestKeepModel": FamilyTestKeepModel}
+
+
+def model_facts(model):
+    base = model.model
+    dm = base.diffusion_model
+    return {"config": type(base.model_config).__name__, "model_class": type(base).__name__,
+            "diffusion_class": type(dm).__name__, "param_bytes": fam_mod.param_bytes(dm),
+            "block_lists": fam_mod.block_lists(dm), "dtype": str(base.get_dtype())}
+
+
+# -- prompts ------------------------------------------------------------------------
+ASSIGNMENT_DEFAULTS = {"backend": "", "params_backend": "", "max_vram": "", "split_mode": "",
+                       "stream_layers": False, "auto_fit": False, "offload_mode": "auto",
+                       "offload_to_cpu": False, "clip_on_cpu": False, "vae_on_cpu": False,
+                       "control_net_cpu": False, "strict": False}
+
+
+def _placed(prompt, model, placement_inputs, node, keep_tag=None):
+    """Backend Assignment -> Apply Placement on `model` (comfy_driver.pipeline()'s
+    wiring); returns Apply Placement's MODEL output."""
+    inputs = dict(ASSIGNMENT_DEFAULTS)
+    inputs.update(placement_inputs)
+    prompt[str(node)] = {"class_type": "PlacementBackendAssignment", "inputs": inputs}
+    prompt[str(node + 1)] = {"class_type": "PlacementApply",
+                             "inputs": {"placement": [str(node), 0], "model": model}}
+    if "5" in prompt:               # the latent: auto-fit plans for the workload it sees
+        prompt[str(node + 1)]["inputs"]["latent"] = ["5", 0]
+    placed = [str(node + 1), 0]
+    if keep_tag is not None:
+        prompt[str(node + 2)] = {"class_type": "FamilyTestKeepModel",
+                                 "inputs": {"model": placed, "tag": keep_tag}}
+        prompt[str(node + 3)] = {"class_type": "FamilyTestPlanSink",
+                                 "inputs": {"plan_json": [str(node + 1), 7], "tag": keep_tag}}
+    return placed
+
+
+def family_prompt(family, placement_inputs=None, tag=None, seed=3, steps=2, cfg=2.0,
+                  sampler="euler", scheduler="simple", keep=True, keep_placed=False):
+    """UNETLoader -> [Backend Assignment -> Apply Placement] -> KSampler -> latent sink,
+    with the family's test conditioning (seeds 1 and 2) and empty latent. `family` is a
+    key of FAMILIES (or a Family); `placement_inputs` are Backend Assignment inputs over
+    ASSIGNMENT_DEFAULTS. The loader's MODEL is kept under `tag` (KEPT), the placed one
+    under `tag + "_placed"` with keep_placed, the latent under `tag` (SINK)."""
+    fam = FAMILIES[family] if isinstance(family, str) else family
+    tag = tag or fam.key
+    model = ["1", 0]
+    prompt = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": fam.filename,
+                                                     "weight_dtype": "default"}},
+        "3": {"class_type": "FamilyTestConditioning", "inputs": {"family": fam.key, "seed": 1}},
+        "4": {"class_type": "FamilyTestConditioning", "inputs": {"family": fam.key, "seed": 2}},
+        "5": {"class_type": "FamilyTestLatent", "inputs": {"family": fam.key}},
+    }
+    if keep:
+        prompt["20"] = {"class_type": "FamilyTestKeepModel", "inputs": {"model": model,
+                                                                        "tag": tag}}
+    if placement_inputs is not None:
+        model = _placed(prompt, model, placement_inputs, 10,
+                        keep_tag=tag + "_placed" if keep_placed else None)
+    prompt["6"] = {"class_type": "KSampler", "inputs": {
+        "model": model, "seed": seed, "steps": steps, "cfg": cfg, "sampler_name": sampler,
+        "scheduler": scheduler, "positive": ["3", 0], "negative": ["4", 0],
+        "latent_image": ["5", 0], "denoise": 1.0}}
+    prompt["8"] = {"class_type": "FamilyTestLatentSink", "inputs": {"samples": ["6", 0],
+                                                                    "tag": tag}}
+    return prompt
+
+
+def pair_prompt(pair, placement_inputs=None, tag=None, seed=3, steps=2, cfg=2.0,
+                switch_at=1):
+    """Wan 2.2 A14B as it runs: the high-noise expert samples steps [0, switch_at) and
+    hands its leftover noise to the low-noise expert (two KSamplerAdvanced). With
+    placement_inputs, each expert goes through its own Apply Placement (one Backend
+    Assignment)."""
+    high, low = (FAMILIES[k] for k in PAIRS[pair])
+    tag = tag or pair
+    prompt = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": high.filename,
+                                                     "weight_dtype": "default"}},
+        "2": {"class_type": "UNETLoader", "inputs": {"unet_name": low.filename,
+                                                     "weight_dtype": "default"}},
+        "3": {"class_type": "FamilyTestConditioning", "inputs": {"family": high.key, "seed": 1}},
+        "4": {"class_type": "FamilyTestConditioning", "inputs": {"family": high.key, "seed": 2}},
+        "5": {"class_type": "FamilyTestLatent", "inputs": {"family": high.key}},
+    }
+    m_high, m_low = ["1", 0], ["2", 0]
+    if placement_inputs is not None:
+        m_high = _placed(prompt, m_high, placement_inputs, 10)
+        prompt["13"] = {"class_type": "PlacementApply",
+                        "inputs": {"placement": ["10", 0], "model": m_low}}
+        m_low = ["13", 0]
+    common = {"noise_seed": seed, "steps": steps, "cfg": cfg, "sampler_name": "euler",
+              "scheduler": "simple", "positive": ["3", 0], "negative": ["4", 0]}
+    prompt["6"] = {"class_type": "KSamplerAdvanced", "inputs": dict(
+        common, model=m_high, add_noise="enable", latent_image=["5", 0], start_at_step=0,
+        end_at_step=switch_at, return_with_leftover_noise="enable")}
+    prompt["7"] = {"class_type": "KSamplerAdvanced", "inputs": dict(
+        common, model=m_low, add_noise="disable", latent_image=["6", 0],
+        start_at_step=switch_at, end_at_step=10000, return_with_leftover_noise="disable")}
+    prompt["8"] = {"class_type": "FamilyTestLatentSink", "inputs": {"samples": ["7", 0],
+                                                                    "tag": tag}}
+    return prompt
+
+
+# -- what we observe ------------------------------------------------------------------
+def latent_facts(tag):
+    x = SINK.get(tag)
+    if x is None:
+        return None
+    finite = bool(torch.isfinite(x).all())
+    return {"shape": list(x.shape), "finite": finite,
+            "std": float(x.float().std()) if finite and x.numel() > 1 else None}
+
+
+def compare(tag, reference, rtol=1e-5):
+    """Latents equal within float32 rounding: |a - b| <= rtol * max|b| elementwise (a
+    reordered float32 sum differs by a few ulps of the largest term), plus the raw
+    figures."""
+    a, b = SINK.get(tag), SINK.get(reference)
+    if a is None or b is None:
+        return {"missing": [t for t, x in ((tag, a), (reference, b)) if x is None]}
+    if a.shape != b.shape:
+        return {"same_shape": False, "shapes": [list(a.shape), list(b.shape)]}
+    a, b = a.double(), b.double()
+    scale = float(b.abs().max()) or 1.0
+    diff = float((a - b).abs().max())
+    return {"same_shape": True, "equal": bool(torch.equal(a, b)), "max_abs_diff": diff,
+            "max_rel_diff": diff / scale, "close": bool(diff <= rtol * scale),
+            "finite": bool(torch.isfinite(a).all())}
+
+
+def exec_error_text(record):
+    if not record.get("valid"):
+        return json.dumps({"error": record.get("error"), "node_errors": record.get("node_errors")},
+                          default=str)[:2000]
+    errs = record.get("exec_errors") or []
+    if errs:
+        e = errs[0]
+        return (f"{e.get('node_type')}: {e.get('exception_type')}: "
+                f"{e.get('exception_message')}".strip())[:2000]
+    return None if record.get("success") else "unknown failure"
+
+
+def meta_facts(fam, full):
+    """Detection and the module tree of the family's config, on the meta device."""
+    import comfy.model_detection
+    config = fam.full_config if full else fam.unet_config
+    cfg, model = fam_mod.meta_model(config)
+    sd = model.diffusion_model.state_dict()
+    detected = comfy.model_detection.model_config_from_unet(sd, "")
+    pack_blocks = pack_module("runtime.blocks").find_blocks(model.diffusion_model)
+    placement = pack_module("placement")
+    try:        # planning from the full-size module: streamed on one simulated GPU
+        plan = placement.plan(placement.PlacementSpec(backend="diffusion=cuda0",
+                                                      stream_layers=True),
+                              placement.Inventory.simulated("cuda0=24GiB"),
+                              components={"diffusion": model.diffusion_model})
+        cp = plan.components["diffusion"]
+        planned = {"stream": cp.stream and cp.stream.__dict__, "params": cp.params,
+                   "streamed_bytes": cp.streamed_bytes, "resident_bytes": cp.resident_bytes,
+                   "planned_bytes": {d.name: d.planned_bytes for d in plan.devices}}
+    except Exception as exc:
+        planned = {"error": f"{type(exc).__name__}: {exc}"}
+    return {"config": type(detected).__name__ if detected is not None else None,
+            "pack_blocks": len(pack_blocks),
+            "pack_block_names": [n for n, _ in pack_blocks][:3] + [n for n, _ in pack_blocks][-2:],
+            "plan": planned,
+            "built_config": type(cfg).__name__, "model_class": type(model).__name__,
+            "diffusion_class": type(model.diffusion_model).__name__,
+            "param_bytes_fp32": sum(p.numel() * 4 for p in model.diffusion_model.parameters()),
+            "params": sum(p.numel() for p in model.diffusion_model.parameters()),
+            "block_lists": fam_mod.block_lists(model.diffusion_model)}
+
+
+async def run_family(executor, fam, models_dir):
+    rec = {"title": fam.title, "tier": fam.tier, "expected_config": fam.config,
+           "expected_model_class": fam.model_class, "notes": fam.notes}
+    t0 = time.time()
+    if fam.tier == "meta" or (fam.tier == "min" and not ARGS.heavy):
+        rec["ok"] = None
+        rec["skipped"] = ("meta only: " if fam.tier == "meta" else
+                          "heavy (run with --heavy): ") + fam.notes
+        try:
+            rec["meta"] = meta_facts(fam, full=True)
+            rec["config"] = rec["meta"]["config"]       # detection at full size, on meta
+            rec["config_ok"] = rec["config"] == fam.config
+            rec["model_class"] = rec["meta"]["model_class"]
+            rec["param_bytes"] = rec["meta"]["param_bytes_fp32"]
+            rec["block_lists"] = rec["meta"]["block_lists"]
+            if fam.tier == "min":       # the smallest file detection accepts, unbuilt
+                rec["smallest"] = meta_facts(fam, full=False)
+        except Exception:
+            rec["meta_error"] = traceback.format_exc()[-2000:]
+        rec["wall_s"] = round(time.time() - t0, 3)
+        return rec
+    try:
+        fam.build(models_dir)
+        rec["build_s"] = round(time.time() - t0, 3)
+        rec["verify"] = fam_mod.verify(os.path.join(models_dir, fam.filename))
+    except Exception:
+        rec.update(ok=False, error="build: " + traceback.format_exc()[-2000:],
+                   wall_s=round(time.time() - t0, 3))
+        return rec
+    t1 = time.time()
+    try:
+        run = await run_prompt(executor, family_prompt(fam.key), f"plain_{fam.key}")
+        err = exec_error_text(run)
+        rec["ok"] = err is None
+        rec["error"] = err
+    except Exception:
+        rec["ok"] = False
+        rec["error"] = traceback.format_exc()[-2000:]
+    rec["run_s"] = round(time.time() - t1, 3)
+    facts = KEPT.get(fam.key, {}).get("facts", {})
+    rec.update({k: facts.get(k) for k in ("config", "model_class", "diffusion_class",
+                                          "param_bytes", "block_lists", "dtype")})
+    rec["config_ok"] = rec.get("config") == fam.config
+    rec["latent"] = latent_facts(fam.key)
+    if rec["ok"] and not (rec["latent"] or {}).get("finite"):
+        rec["ok"] = False
+        rec["error"] = "sampled latent missing or not finite"
+    rec["wall_s"] = round(time.time() - t0, 3)
+    if ARGS.placed and rec["ok"]:
+        rec["placed"] = await placed_run(executor, fam.key, json.loads(ARGS.placed))
+    if ARGS.ways and rec["ok"]:
+        ways = WAYS if ARGS.ways == "all" else [w for w in ARGS.ways.split(",") if w]
+        rec["ways"] = await placed_ways(executor, fam.key, ways)
+    if ARGS.meta_all and fam.full_config is not None:
+        try:
+            rec["meta"] = meta_facts(fam, full=True)
+        except Exception:
+            rec["meta_error"] = traceback.format_exc()[-2000:]
+    return rec
+
+
+async def placed_run(executor, key, placement_inputs, tag=None, simulate=None):
+    """The family's prompt placed with `placement_inputs`, compared with its plain run
+    (same seeds; the loader's output is ComfyUI's cached one)."""
+    tag = tag or key + "_placed"
+    simulate = ARGS.simulate if simulate is None else simulate
+    if simulate.startswith("auto:"):       # auto:F -> one device of F x the model's bytes
+        size = KEPT.get(key, {}).get("facts", {}).get("param_bytes") or 0
+        simulate = f"cuda0={max(1, int(size * float(simulate[5:]) / 1024))}KiB"
+    t0 = time.time()
+    old = os.environ.get("COMFYUI_PLACEMENT_SIMULATE")
+    if simulate:
+        os.environ["COMFYUI_PLACEMENT_SIMULATE"] = simulate
+    try:
+        run = await run_prompt(executor, family_prompt(key, placement_inputs, tag=tag,
+                                                       keep=False, keep_placed=True),
+                               f"placed_{tag}")
+        err = exec_error_text(run)
+    except Exception:
+        err = traceback.format_exc()[-2000:]
+    finally:
+        if simulate:
+            if old is None:
+                os.environ.pop("COMFYUI_PLACEMENT_SIMULATE", None)
+            else:
+                os.environ["COMFYUI_PLACEMENT_SIMULATE"] = old
+    cmp = compare(tag, key)
+    return {"inputs": placement_inputs, "simulate": simulate or None, "ok": err is None
+            and bool(cmp.get("close")), "error": err, "latent": latent_facts(tag),
+            "compare": cmp, "wall_s": round(time.time() - t0, 3)}
+
+
+# -- every way of placing a family ------------------------------------------------------
+WAYS = ("stream_cpu", "stream_disk", "layer", "row", "auto_fit")
+ACT_MARGIN = 4 << 20        # activations of the tiny latents, and the ledger's slack
+AUTO_FIT_WORKSPACE = 320 << 20      # auto-fit reserves a GPU workspace of 256 MiB and more
+
+
+def act_margin(total):
+    """Room for activations beside the weights (a large non-block share, as HunyuanDiT's
+    text projections, comes with larger activations too)."""
+    return max(ACT_MARGIN, total // 12)
+
+
+def block_sizes(key):
+    """(non-block bytes, [block bytes]) of the loader's diffusion model, as the runtime
+    finds its blocks."""
+    dm = KEPT[key]["model"].model.diffusion_model
+    blocks = pack_module("runtime.blocks").find_blocks(dm)
+    seen, sizes = set(), []
+    for _, b in blocks:
+        n = 0
+        for t in list(b.parameters()) + list(b.buffers()):
+            if id(t) not in seen:
+                seen.add(id(t))
+                n += t.numel() * t.element_size()
+        sizes.append(n)
+    total = fam_mod.param_bytes(dm) + sum(b.numel() * b.element_size() for b in dm.buffers())
+    return total - sum(sizes), sizes
+
+
+def way_setup(way, key):
+    """Backend Assignment inputs and a simulated inventory smaller than the model:
+    streaming gets the non-block weights, three of the largest blocks and a margin; a
+    split gets 60% of the blocks per device (the main one also the non-block weights)."""
+    nonblock, sizes = block_sizes(key)
+    if not sizes:
+        return None, None
+    kib = lambda n: f"{-(-int(n) // 1024)}KiB"      # noqa: E731
+    margin = act_margin(nonblock + sum(sizes))
+    stream = nonblock + 3 * max(sizes) + margin
+    share = 0.6 * sum(sizes) + margin
+    split = f"cuda0={kib(nonblock + share)},cuda1={kib(share)}"
+    if way in ("stream_cpu", "stream_disk"):
+        return ({"backend": "diffusion=cuda0", "stream_layers": True,
+                 "params_backend": "diffusion=" + way.split("_")[1]}, f"cuda0={kib(stream)}")
+    if way in ("layer", "row"):
+        return ({"backend": "diffusion=cuda0&cuda1", "params_backend": "diffusion=cpu",
+                 "split_mode": way}, split)
+    if way == "auto_fit":
+        # budgets as a user gives them (max_vram, GiB): the stream budget and the planner's
+        # working memory with its fixed GPU workspace; devices larger, as real ones are
+        gib = (stream + AUTO_FIT_WORKSPACE) / 2 ** 30
+        return ({"auto_fit": True, "max_vram": f"cuda0={gib:.4f},cuda1={gib:.4f}"},
+                "cuda0=8GiB,cuda1=8GiB")
+    raise ValueError(way)
+
+
+def way_facts(tag):
+    """What the placed run did: its plan per device beside the ledger's measurements."""
+    model = KEPT.get(tag + "_placed", {}).get("model")
+    session = model.get_attachment("placement") if model is not None else None
+    stats = getattr(session, "last_stats", None) or {}
+    plan = PLANS.get(tag + "_placed") or {}
+    comp = (plan.get("components") or {}).get("diffusion") or {}
+    planned = {d["name"]: d.get("planned_bytes") for d in plan.get("devices", [])
+               if d.get("kind") == "gpu"}
+    devices = {n: {k: d.get(k) for k in ("peak_bytes", "capacity_bytes", "h2d_bytes")}
+               for n, d in (stats.get("devices") or {}).items()}
+    return {"session": session is not None, "runtime": comp.get("runtime"),
+            "params": comp.get("params"), "split_mode": comp.get("split_mode"),
+            "stream": comp.get("stream"), "parallel": comp.get("parallel"),
+            "planned": planned, "measured": devices, "hops": stats.get("hops"),
+            "mode": stats.get("mode") or stats.get("split_mode"),
+            "streamed_blocks": stats.get("streamed_blocks"),
+            "device_check": stats.get("device_check"),
+            "sharded_linears": stats.get("sharded_linears"),
+            "warnings": plan.get("warnings"), "reasons": comp.get("reasons")}
+
+
+async def placed_ways(executor, key, ways):
+    out = {}
+    for way in ways:
+        try:
+            inputs, inventory = way_setup(way, key)
+        except Exception:
+            out[way] = {"ok": False, "error": traceback.format_exc()[-2000:]}
+            continue
+        if inputs is None:
+            out[way] = {"ok": False, "error": "no blocks found"}
+            continue
+        tag = f"{key}@{way}"
+        rec = await placed_run(executor, key, inputs, tag=tag, simulate=inventory)
+        rec["facts"] = jsonable(way_facts(tag))
+        KEPT.pop(tag + "_placed", None)
+        SINK.pop(tag, None)
+        out[way] = rec
+    return out
+
+
+def jsonable(x):
+    return json.loads(json.dumps(x, default=str))
+
+
+async def main():
+    t_start = time.time()
+    work = ARGS.work
+    models_dir = os.path.join(work, "models", "diffusion_models")
+    os.makedirs(models_dir, exist_ok=True)
+    folder_paths.add_model_folder_path("diffusion_models", models_dir, is_default=True)
+    await start_comfy(ARGS.pack, work, TEST_NODES)
+    RESULTS["comfyui_version"] = __import__("comfyui_version").__version__
+    RESULTS["pack_nodes"] = {n: n in nodes.NODE_CLASS_MAPPINGS for n in
+                             ("PlacementBackendAssignment", "PlacementApply")}
+    RESULTS["startup_s"] = round(time.time() - t_start, 3)
+    executor = new_executor()
+    wanted = [k for k in ARGS.families.split(",") if k] or list(FAMILIES)
+    if ARGS.depth:
+        deeper = []
+        for key in wanted:
+            fam = FAMILIES.get(key)
+            if fam is not None and fam.depth_keys:
+                fam = fam.with_depth(ARGS.depth)
+                FAMILIES[fam.key] = fam       # the test nodes look families up by key
+                key = fam.key
+            deeper.append(key)
+        wanted = deeper
+        for pair, keys in list(PAIRS.items()):     # the pair runs its deeper experts
+            PAIRS[pair] = tuple(k + f"_d{ARGS.depth}" if k + f"_d{ARGS.depth}" in FAMILIES
+                                else k for k in keys)
+    for key in wanted:
+        fam = FAMILIES.get(key)
+        if fam is None:
+            RESULTS["errors"].append(f"unknown family {key}")
+            continue
+        try:
+            if fam.tier == "min":   # gigabytes: its own cache, dropped after the family
+                own = new_executor()
+                RESULTS["families"][key] = await run_family(own, fam, models_dir)
+                del own
+                KEPT.pop(key, None)
+                comfy.model_management.unload_all_models()
+                gc.collect()
+            else:
+                RESULTS["families"][key] = await run_family(executor, fam, models_dir)
+        except Exception:
+            RESULTS["families"][key] = {"ok": False, "error": traceback.format_exc()[-2000:]}
+    # the A14B pair as it is used: high-noise expert, then low-noise expert
+    for pair, keys in PAIRS.items():
+        if all(RESULTS["families"].get(k, {}).get("ok") for k in keys):
+            t0 = time.time()
+            try:
+                run = await run_prompt(executor, pair_prompt(pair), f"pair_{pair}")
+                err = exec_error_text(run)
+                RESULTS["pairs"] = RESULTS.get("pairs", {})
+                RESULTS["pairs"][pair] = {"ok": err is None and bool(
+                    (latent_facts(pair) or {}).get("finite")), "error": err,
+                    "latent": latent_facts(pair), "wall_s": round(time.time() - t0, 3)}
+                placed_inputs, simulate = (json.loads(ARGS.placed), ARGS.simulate) \
+                    if ARGS.placed else way_setup("stream_cpu", keys[0]) if ARGS.ways \
+                    else (None, "")
+                if placed_inputs is not None and RESULTS["pairs"][pair]["ok"]:
+                    # both experts streamed in one workflow, through one Backend Assignment
+                    tag = pair + "_placed"
+                    old = os.environ.get("COMFYUI_PLACEMENT_SIMULATE")
+                    if simulate:
+                        os.environ["COMFYUI_PLACEMENT_SIMULATE"] = simulate
+                    try:
+                        run = await run_prompt(executor, pair_prompt(
+                            pair, placed_inputs, tag=tag), f"pair_{tag}")
+                    finally:
+                        if old is None:
+                            os.environ.pop("COMFYUI_PLACEMENT_SIMULATE", None)
+                        else:
+                            os.environ["COMFYUI_PLACEMENT_SIMULATE"] = old
+                    cmp = compare(tag, pair)
+                    err = exec_error_text(run)
+                    RESULTS["pairs"][pair]["placed"] = {
+                        "ok": err is None and bool(cmp.get("close")), "error": err,
+                        "compare": cmp}
+            except Exception:
+                RESULTS.setdefault("pairs", {})[pair] = {"ok": False,
+                                                         "error": traceback.format_exc()[-2000:]}
+    ran = [r for r in RESULTS["families"].values() if r.get("ok") is not None]
+    RESULTS["summary"] = {
+        "ran": len(ran), "ok": sum(1 for r in ran if r.get("ok")),
+        "failed": sorted(k for k, r in RESULTS["families"].items() if r.get("ok") is False),
+        "skipped": sorted(k for k, r in RESULTS["families"].items() if r.get("ok") is None),
+        "plain_runs_s": round(sum(r.get("wall_s", 0) for r in ran), 3)}
+    RESULTS["total_s"] = round(time.time() - t_start, 3)
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main())
+    except BaseException:       # never raise out: the caller reads the JSON line
+        RESULTS["errors"].append(traceback.format_exc())
+    text = json.dumps(jsonable(RESULTS))
+    if os.environ.get("FAMILIES_RESULTS_FILE"):          # for a person debugging the driver
+        with open(os.environ["FAMILIES_RESULTS_FILE"], "w") as fh:
+            fh.write(text)
+    print("FAMILIES_RESULTS " + text, flush=True)
