@@ -46,10 +46,11 @@ def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
         d = search.gidx[o.runtime[0]]
         room = _room_without(search, use, o, d)
         t = o.tile.edge
+        frames = f" x {o.tile.frames} frames" if o.tile.frames else ""
         where = (f"resident on {o.runtime[0]} for the session" if o.persistent else
                  f"on {o.runtime[0]} while {phase} runs, params on {o.params}")
         out.append(f"{size} (full frame) > {o.runtime[0]} room {fmt(room)} -> decoded in "
-                   f"{t}x{t} px tiles (ComfyUI's tiled decode, {fmt(o.tile.headroom)} working "
+                   f"{t}x{t} px{frames} tiles (ComfyUI's tiled decode, {fmt(o.tile.headroom)} working "
                    f"memory, {o.tile.work:.1f}x the full-frame pixels: {_ms(o.compute_s)}), "
                    f"{where}; the cpu only when the smallest tile does not fit")
     elif o.kind == "resident":
@@ -295,6 +296,7 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
             cp.stream = StreamPlan(o.resident_blocks, o.depth, o.host_blocks)
         if o.tile is not None:
             cp.tile = o.tile.edge
+            cp.tile_frames = o.tile.frames
         if o.kind == "split" and o.ranges is not None:
             # the main device may hold only the non-block weights: no range, no key
             cp.blocks = {n: [a, b] for n, (a, b) in zip(o.runtime, o.ranges) if b >= a}

@@ -52,6 +52,7 @@ class ComponentPlan:
                                     # once | pipeline: a layer split's stages run the batch's
                                     # shares one behind the other (runtime/split/pipeline.py)
     tile: Optional[int] = None      # VAE: tile edge in pixels for a tiled decode; None: full frame
+    tile_frames: Optional[int] = None   # video VAE: frames per temporal tile; None: all
     quant: Optional[str] = None     # GGUF quant type(s) of the weights, e.g. "Q4_K"; None: float
 
     @property
@@ -125,6 +126,8 @@ class Plan:
                     total_bytes=int(c.get("total_bytes", 0)), lora=c.get("lora", "fuse"),
                     parallel=c.get("parallel", "none"),
                     tile=None if c.get("tile") is None else int(c["tile"]),
+                    tile_frames=None if c.get("tile_frames") is None
+                    else int(c["tile_frames"]),
                     quant=c.get("quant"))
                 if comps[name].parallel not in PARALLEL_MODES:
                     raise PlacementError(f"invalid parallel {comps[name].parallel!r} for "
@@ -172,7 +175,8 @@ def _component_dict(c: ComponentPlan) -> dict:
         "blocks": {k: list(v) for k, v in c.blocks.items()},
         "resident_bytes": c.resident_bytes, "streamed_bytes": c.streamed_bytes,
         "reasons": list(c.reasons), "present": c.present, "total_bytes": c.total_bytes,
-        "lora": c.lora, "parallel": c.parallel, "tile": c.tile, "quant": c.quant,
+        "lora": c.lora, "parallel": c.parallel, "tile": c.tile,
+        "tile_frames": c.tile_frames, "quant": c.quant,
     }
 
 

@@ -79,4 +79,4 @@ def _tiles(component, cp, placed) -> List[str]:
     if component != "vae" or not getattr(cp, "tile", None):
         return []
     from .vae_tiles import decode_in_tiles
-    return decode_in_tiles(placed, cp.tile)
+    return decode_in_tiles(placed, cp.tile, getattr(cp, "tile_frames", None))

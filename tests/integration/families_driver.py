@@ -32,6 +32,8 @@ def parse_args():
     ap.add_argument("--families", default="", help="comma-separated keys (default: all)")
     ap.add_argument("--heavy", action="store_true",
                     help="also build and run the 'min' tier (full widths, hundreds of MB)")
+    ap.add_argument("--keep-heavy", action="store_true",
+                    help="keep the 'min' tier's files after their runs (default: removed)")
     ap.add_argument("--meta-all", action="store_true",
                     help="also check every family's full-size config on the meta device")
     ap.add_argument("--depth", type=int, default=0,
@@ -44,6 +46,9 @@ def parse_args():
                     help="comma-separated placements to run after each plain run, each "
                          "on a simulated inventory sized from the model's blocks: "
                          "stream_cpu, stream_disk, layer, row, auto_fit (or 'all')")
+    ap.add_argument("--lora", default="",
+                    help="comma-separated families also run with a random LoRA (ComfyUI's "
+                         "LoraLoaderModelOnly): unplaced, streamed and layer split")
     ap.add_argument("--simulate", default="",
                     help="COMFYUI_PLACEMENT_SIMULATE inventory for the placed runs "
                          "(e.g. cuda0=1MiB), or auto:F for one device of F x each "
@@ -196,7 +201,8 @@ def _placed(prompt, model, placement_inputs, node, keep_tag=None):
 
 
 def family_prompt(family, placement_inputs=None, tag=None, seed=3, steps=2, cfg=2.0,
-                  sampler="euler", scheduler="simple", keep=True, keep_placed=False):
+                  sampler="euler", scheduler="simple", keep=True, keep_placed=False,
+                  lora=None):
     """UNETLoader -> [Backend Assignment -> Apply Placement] -> KSampler -> latent sink,
     with the family's test conditioning (seeds 1 and 2) and empty latent. `family` is a
     key of FAMILIES (or a Family); `placement_inputs` are Backend Assignment inputs over
@@ -215,6 +221,10 @@ def family_prompt(family, placement_inputs=None, tag=None, seed=3, steps=2, cfg=
     if keep:
         prompt["20"] = {"class_type": "FamilyTestKeepModel", "inputs": {"model": model,
                                                                         "tag": tag}}
+    if lora is not None:            # ComfyUI's own LoRA loader, before the placement
+        prompt["30"] = {"class_type": "LoraLoaderModelOnly", "inputs": {
+            "model": model, "lora_name": lora, "strength_model": 0.8}}
+        model = ["30", 0]
     if placement_inputs is not None:
         model = _placed(prompt, model, placement_inputs, 10,
                         keep_tag=tag + "_placed" if keep_placed else None)
@@ -386,12 +396,62 @@ async def run_family(executor, fam, models_dir):
     if ARGS.ways and rec["ok"]:
         ways = WAYS if ARGS.ways == "all" else [w for w in ARGS.ways.split(",") if w]
         rec["ways"] = await placed_ways(executor, fam.key, ways)
+    if fam.key in ARGS.lora.split(",") and rec["ok"]:
+        loras_dir = os.path.join(ARGS.work, "models", "loras")
+        os.makedirs(loras_dir, exist_ok=True)
+        folder_paths.add_model_folder_path("loras", loras_dir, is_default=True)
+        rec["lora"] = await lora_ways(executor, fam.key, loras_dir)
     if ARGS.meta_all and fam.full_config is not None:
         try:
             rec["meta"] = meta_facts(fam, full=True)
         except Exception:
             rec["meta_error"] = traceback.format_exc()[-2000:]
     return rec
+
+
+def write_lora(key, loras_dir, rank=4):
+    """A random LoRA on every Linear inside the blocks, in ComfyUI's generic key format."""
+    import safetensors.torch
+    dm = KEPT[key]["model"].model.diffusion_model
+    g = torch.Generator().manual_seed(11)
+    sd = {}
+    for bname, block in pack_module("runtime.blocks").find_blocks(dm):
+        for name, mod in block.named_modules():
+            if isinstance(mod, torch.nn.Linear):
+                base = f"diffusion_model.{bname}.{name}"
+                sd[f"{base}.lora_down.weight"] = torch.randn(rank, mod.in_features, generator=g) * 0.1
+                sd[f"{base}.lora_up.weight"] = torch.randn(mod.out_features, rank, generator=g) * 0.1
+                sd[f"{base}.alpha"] = torch.tensor(float(rank))
+    name = f"lora_{key}.safetensors"
+    safetensors.torch.save_file(sd, os.path.join(loras_dir, name))
+    return name, len(sd) // 3
+
+
+async def lora_ways(executor, key, loras_dir):
+    """ComfyUI's LoRA on the family: the unplaced run (fused by ComfyUI) is the
+    reference; streamed and layer split, the pack patches arriving blocks."""
+    lora, patched = write_lora(key, loras_dir)
+    ref = f"{key}+lora"
+    run = await run_prompt(executor, family_prompt(key, tag=ref, keep=False, lora=lora),
+                           "plain_" + ref)
+    out = {"linears": patched, "plain": {"ok": exec_error_text(run) is None,
+                                         "error": exec_error_text(run),
+                                         "vs_no_lora": compare(ref, key)}}
+    for way in ("stream_cpu", "layer"):
+        inputs, inventory = way_setup(way, key)
+        tag = f"{key}+lora@{way}"
+        os.environ["COMFYUI_PLACEMENT_SIMULATE"] = inventory
+        try:
+            run = await run_prompt(executor, family_prompt(
+                key, inputs, tag=tag, keep=False, keep_placed=True, lora=lora), "placed_" + tag)
+        finally:
+            os.environ.pop("COMFYUI_PLACEMENT_SIMULATE", None)
+        cmp = compare(tag, ref, rtol=1e-4)
+        err = exec_error_text(run)
+        out[way] = {"ok": err is None and bool(cmp.get("close")), "error": err,
+                    "compare": cmp, "facts": jsonable(way_facts(tag))}
+        KEPT.pop(tag + "_placed", None)
+    return out
 
 
 async def placed_run(executor, key, placement_inputs, tag=None, simulate=None):
@@ -566,6 +626,10 @@ async def main():
                 KEPT.pop(key, None)
                 comfy.model_management.unload_all_models()
                 gc.collect()
+                if ARGS.heavy and not ARGS.keep_heavy:     # its file, gigabytes of disk
+                    path = os.path.join(models_dir, fam.filename)
+                    if os.path.exists(path):
+                        os.remove(path)
             else:
                 RESULTS["families"][key] = await run_family(executor, fam, models_dir)
         except Exception:

@@ -25,6 +25,7 @@ RUN = ["sd15", "sdxl", "svd", "sd3", "flux1_d4", "flux2_d4", "pixart_sigma_d4",
        "hunyuan_dit_d4", "wan21_d4", "wan22_5b_d4", "wan22_a14b_high_d4", "wan22_a14b_low_d4",
        "hunyuan_video_d4", "hunyuan_video15_d4", "ltxv_d4", "cogvideox_d4", "cosmos_predict2",
        "kandinsky5_d4", "hunyuan3d2_d4", "hunyuan3d21_d4"]
+UNETS = ["sd15", "sdxl", "svd"]     # blocks entered through their layers (units.py)
 META = ["chroma_d4", "auraflow", "cascade_c", "cascade_b", "qwen_image_d4", "lumina2_d4",
         "zimage_d4", "hidream", "mochi", "omnigen2", "ace_step"]
 
@@ -32,7 +33,7 @@ META = ["chroma_d4", "auraflow", "cascade_c", "cascade_b", "qwen_image_d4", "lum
 @pytest.fixture(scope="module")
 def everything(tmp_path_factory):
     return run_driver(DRIVER, "FAMILIES_RESULTS", tmp_path_factory.mktemp("families"),
-                      extra=["--depth", "4", "--ways", "all"])
+                      extra=["--depth", "4", "--ways", "all", "--lora", ",".join(UNETS)])
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,45 @@ def test_streamed_plans_match_the_ledger(results):
         stream = results[key]["ways"]["stream_cpu"]["facts"]
         planned, measured = stream["planned"]["cuda0"], stream["measured"]["cuda0"]["peak_bytes"]
         assert planned <= measured <= planned + max(planned // 10, 3 << 20), (key, stream)
+
+
+HEAVY = ["cascade_b", "cascade_c", "auraflow"]     # full width: 2-4 GB files each
+
+
+@pytest.fixture(scope="module")
+def heavy(tmp_path_factory):
+    return run_driver(DRIVER, "FAMILIES_RESULTS", tmp_path_factory.mktemp("heavy"),
+                      extra=["--heavy", "--families", ",".join(HEAVY),
+                             "--ways", "stream_cpu,layer"])["families"]
+
+
+@pytest.mark.parametrize("key", HEAVY)
+def test_full_width_families_stream_and_split(heavy, key):
+    """Stable Cascade (its stages are ModuleLists of layers the model loops: blocks
+    entered through their layers) and AuraFlow (double_layers / single_layers), at the
+    smallest size detection accepts, streamed and layer split: the plain latent."""
+    r = heavy[key]
+    assert r["ok"] and r["config_ok"], r.get("error")
+    for way in ("stream_cpu", "layer"):
+        w = r["ways"][way]
+        assert w["ok"], (way, w.get("error"), w.get("compare"))
+        facts = w["facts"]
+        assert facts["device_check"] == "on", facts
+        for dev in facts["measured"].values():
+            assert dev["peak_bytes"] <= dev["capacity_bytes"], facts
+    assert r["ways"]["stream_cpu"]["facts"]["streamed_blocks"] >= 2
+    assert r["ways"]["layer"]["facts"]["hops"] >= 2
+
+
+@pytest.mark.parametrize("key", UNETS)
+def test_comfyui_lora_on_streamed_and_split_unets_equals_comfyui_fused(results, key):
+    """ComfyUI's LoraLoaderModelOnly on every block Linear: unplaced, ComfyUI fuses it;
+    streamed and layer split, the pack patches the blocks as they arrive. Same latent."""
+    lora = results[key]["lora"]
+    assert lora["linears"] > 10 and lora["plain"]["ok"], lora
+    assert not lora["plain"]["vs_no_lora"]["close"]          # the LoRA changes the result
+    for way in ("stream_cpu", "layer"):
+        assert lora[way]["ok"], (way, lora[way])
 
 
 @pytest.mark.parametrize("key", META)

@@ -80,3 +80,44 @@ def test_the_plain_runtime_does_not_tile(files):
 def test_tiled_decode_costs_more_pixels_than_the_frame():
     assert work_factor(512, (1024, 1024)) > 3      # three passes, overlaps
     assert work_factor(256, (1024, 1024)) > work_factor(768, (1024, 1024))
+
+
+# -- video VAEs: tiles in time as well as space (issue 19 item 3) ------------------------
+def _video_vae(arch, headroom):
+    from comfyui_placement.placement.metadata.info import ComponentInfo
+    return ComponentInfo(component="vae", total_bytes=400 << 20, arch=arch,
+                         headroom_bytes=headroom)
+
+
+def test_video_vae_tiles_in_time_and_space():
+    from comfyui_placement.placement.fit_tiles import TIME_LADDER
+    from comfyui_placement.placement.metadata.headroom import WORKSPACE
+    info = _video_vae("ltxv_vae", 40 * GiB)
+    tiles = tiles_for(info, info.headroom_bytes, (768, 512), frames=97)
+    assert tiles and all(t.headroom < info.headroom_bytes for t in tiles)
+    assert [t.headroom for t in tiles] == sorted((t.headroom for t in tiles), reverse=True)
+    time_only = [t for t in tiles if t.edge == 768 and t.frames is not None]
+    assert {t.frames for t in time_only} == set(TIME_LADDER)
+    # LTXV's working memory grows with the frames: 32 of 97 frames need about a third
+    t32 = next(t for t in time_only if t.frames == 32)
+    assert abs((t32.headroom - WORKSPACE) / (info.headroom_bytes - WORKSPACE) - 32 / 97) < 0.01
+    assert t32.work > 1.0                      # overlapping frames are decoded twice
+    # Wan decodes frame by frame with a cache: time alone saves nothing, space does
+    wan = _video_vae("wan_vae", 40 * GiB)
+    wan_tiles = tiles_for(wan, wan.headroom_bytes, (768, 512), frames=81)
+    assert wan_tiles and all(t.edge < 768 for t in wan_tiles)
+    # an image (one frame) of a video VAE is no video tiling; an image VAE never tiles time
+    assert tiles_for(info, info.headroom_bytes, (768, 512), frames=1) == []
+    assert all(t.frames is None for t in tiles_for(_video_vae("vae", 8 * GiB), 8 * GiB,
+                                                     (1024, 1024)))
+
+
+def test_auto_fit_plans_a_time_tile_for_a_video_vae():
+    info = _video_vae("ltxv_vae", 30 * GiB)
+    p = plan(PlacementSpec(auto_fit=True), Inventory.simulated("cuda0=16GiB,cpu=64GiB"),
+             {"vae": info}, resolution=(768, 512), frames=97, executor="comfyui")
+    vae = p.components["vae"]
+    assert vae.runtime == ["cuda0"] and vae.tile is not None and vae.tile_frames is not None
+    data = json.loads(p.to_json())["components"]["vae"]
+    assert data["tile"] == vae.tile and data["tile_frames"] == vae.tile_frames
+    assert any(f"x {vae.tile_frames} frames tiles" in r for r in vae.reasons), vae.reasons

@@ -97,3 +97,36 @@ def test_exact_pinned_buffers_are_page_locked_copy_right_and_are_given_back():
     del bufs, b
     gc.collect()
     assert acc.in_use == 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_each_block_computes_with_its_own_device_current():
+    """A layer split over cuda0&cuda1: a block on cuda1 runs with cuda1 current (kernels
+    that bind a workspace to the current device, fp8/int8 ones, need it), including a
+    block whose container forward never runs (entered through its units); the caller's
+    current device is put back after the forward."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_split_layer import split_plan
+    from test_unit_entry import LoopUNet, build
+    from comfyui_placement.runtime.split import place_split
+
+    from comfyui_placement.runtime.blocks import find_blocks
+    model, inp = build(LoopUNet)
+    seen = []
+    torch.cuda.set_device(0)
+    plan = split_plan(["cuda0", "cuda1"], [None, None], params="cpu")
+    with place_split(model, plan, "diffusion", Inventory.detect()) as placed:
+        # after the placement's own hooks, so they see the device it made current
+        handles = [unit.register_forward_pre_hook(
+            lambda m, a: seen.append(torch.cuda.current_device()))
+            for _, block in find_blocks(model) for unit in block.children()]
+        model.skip_patch = lambda h, hsp: (h, placed.follow(hsp, h))
+        with torch.no_grad():
+            model(**inp)
+        model.skip_patch = None
+        for h in handles:
+            h.remove()
+    assert 0 in seen and 1 in seen
+    assert torch.cuda.current_device() == 0
