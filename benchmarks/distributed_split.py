@@ -83,7 +83,7 @@ def main():
     try:
         with Cluster(f"w1={address}", secret=b"bench", timeout_s=120) as cluster:
             models = [copy.deepcopy(model) for _ in range(3)]
-            local = place_split(models[0], split, "diffusion", inv, hop_link=PCIE4)
+            local = place_split(models[0], split, "diffusion", inv, hop_link=PCIE4, device_check=False)
             local.__enter__()
             first, last = local.stats()["ranges"]["cuda1"]
             chained = remote_range(models[1], (first, last), cluster["w1.cpu"], path)

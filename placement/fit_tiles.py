@@ -86,7 +86,8 @@ def _time_share(arch: str, t: int, frames: int) -> float:
 def _time_work(t: int, frames: int) -> float:
     if t >= frames:
         return 1.0
-    overlap = min(TIME_OVERLAP, t // 4)     # as runtime/comfy/vae_tiles.tile_args
+    # VAE Decode (Tiled)'s rule, which runtime/comfy/vae_tiles.tile_args follows
+    overlap = TIME_OVERLAP if t >= 2 * TIME_OVERLAP else TIME_OVERLAP // 2
     count = math.ceil((frames - overlap) / (t - overlap))
     return count * t / frames
 

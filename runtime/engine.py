@@ -69,8 +69,11 @@ class Engine:
                  max_pinned_bytes: Optional[int] = None, weights_file: Optional[str] = None,
                  key_map: Union[None, Dict[str, str], Callable[[str], str]] = None,
                  lora=None, host_store=None, repoint: Optional[Callable] = None,
-                 skip_blocks: Optional[Sequence[str]] = None):
+                 skip_blocks: Optional[Sequence[str]] = None, device_check: bool = True):
         self.module = module
+        # the simulated device's check (simcheck.py); benchmarks turn it off, since its
+        # per-operation dispatch would count as compute on both sides of their ratios
+        self.device_check = device_check
         # blocks another runtime owns (a worker's range, distributed/planned.py): their
         # tensors are left alone, neither grouped nor restored here
         self.skip_prefixes = tuple(f"{n}." for n in (skip_blocks or ()))
@@ -174,7 +177,8 @@ class Engine:
         self.headroom = [headroom_for(option, t.name) for t in self.targets]
         if len(self.targets) > 1:
             self.mover = Mover(self.targets, self.hop_link)
-        self.check = forward_check(self.component, self.targets)
+        self.check = forward_check(self.component, self.targets) if self.device_check \
+            else None
         self.cuda_devices = [t.device for t in self.targets if t.is_cuda]
         self.pool = PinnedPool(any(t.is_cuda for t in self.targets),
                                self.max_pinned_bytes if self.max_pinned_bytes is not None

@@ -22,10 +22,12 @@ def tile_args(vae, tile_px: int, tile_frames: Optional[int] = None) -> dict:
     overlap = min(OVERLAP_PX, tile_px // 4)
     args = {"tile_x": max(1, tile_px // compression), "tile_y": max(1, tile_px // compression),
             "overlap": overlap // compression}
-    if tile_frames:
-        temporal = max(1, int(vae.temporal_compression_decode() or 1))
-        args["tile_t"] = max(1, int(tile_frames) // temporal)
-        args["overlap_t"] = max(1, min(TIME_OVERLAP, int(tile_frames) // 4) // temporal)
+    temporal = vae.temporal_compression_decode() if tile_frames else None
+    if temporal:
+        frames = int(tile_frames)
+        overlap_t = TIME_OVERLAP if frames >= 2 * TIME_OVERLAP else TIME_OVERLAP // 2
+        args["tile_t"] = tile_t = max(2, frames // int(temporal))
+        args["overlap_t"] = max(1, min(tile_t // 2, overlap_t // int(temporal)))
     return args
 
 

@@ -291,6 +291,72 @@ async def vae_ways(executor, name, plain_image, vae):
     return out
 
 
+def vae_time_tiles(name, latent_frames=4):
+    """A video VAE whose whole clip does not fit: auto-fit plans tiles in time (the budget
+    lowered until the plan has tile_frames), Apply Placement's adapter places the VAE, and
+    ComfyUI's plain VAEDecode then decodes through decode_tiled with the plan's temporal
+    tile; the clip is close to the untiled decode (tiles blend their overlaps)."""
+    import comfy.utils
+    import folder_paths
+    import nodes
+    placement = pack_module("placement")
+    place_objects = pack_module("runtime.comfy.place").place_objects
+    spec = encoders.VAES[name]
+    vae = nodes.VAELoader().load_vae(spec["file"])[0]
+    channels, _, height, width = spec["latent"]
+    spatial = int(vae.spacial_compression_decode())
+    temporal = int(vae.temporal_compression_decode() or 1)
+    resolution = (width * spatial, height * spatial)
+    frames = 1 + (latent_frames - 1) * temporal
+    path = folder_paths.get_full_path("vae", spec["file"])
+    inv = placement.Inventory.simulated("cuda0=64GiB,cpu=64GiB")
+    out = {"resolution": list(resolution), "frames": frames}
+    chosen = None
+    for mib in [int(4096 * 0.85 ** i) for i in range(60)]:
+        p = placement.plan(placement.PlacementSpec(auto_fit=True, max_vram=f"cuda0={mib / 1024:.4f}"),
+                           inv, {"vae": path}, resolution=resolution, frames=frames,
+                           executor="comfyui")
+        cp = p.components["vae"]
+        if cp.runtime == ["cuda0"] and cp.tile_frames:
+            chosen = (mib, p, cp)
+            break
+    if chosen is None:
+        return {**out, "error": "no budget gave a temporal tile"}
+    mib, p, cp = chosen
+    out.update(budget_mib=mib, tile=cp.tile, tile_frames=cp.tile_frames,
+               reasons=[r for r in cp.reasons if "tiles" in r])
+    placed, notes = place_objects(p, inv, {"vae": vae})
+    out["notes"] = [n for n in notes if "tiles" in n]
+    torch.manual_seed(0)
+    latent = {"samples": torch.randn(1, channels, latent_frames, height, width) * 0.5}
+    calls = []
+    original = comfy.utils.tiled_scale_multidim
+
+    def counting(samples, function, tile=(64, 64), *a, **k):
+        calls.append(list(tile))
+        return original(samples, function, tile, *a, **k)
+    comfy.utils.tiled_scale_multidim = counting
+    try:
+        with torch.inference_mode():        # as ComfyUI's executor runs nodes
+            full = nodes.VAEDecode().decode(vae, latent)[0]
+            out["full_tiler_calls"] = len(calls)
+            tiled = nodes.VAEDecode().decode(placed["vae"], latent)[0]
+            calls_placed = len(calls)
+            # what a user gets from VAE Decode (Tiled) with the plan's tile by hand
+            by_hand = nodes.VAEDecodeTiled().decode(
+                vae, latent, tile_size=cp.tile, overlap=64, temporal_size=cp.tile_frames,
+                temporal_overlap=8)[0]
+    finally:
+        comfy.utils.tiled_scale_multidim = original
+    out["tiles"] = calls[out["full_tiler_calls"]:calls_placed]
+    out["equals_vae_decode_tiled_node"] = bool(torch.equal(tiled, by_hand))
+    out["shapes"] = [list(full.shape), list(tiled.shape)]
+    diff = (full.float() - tiled.float()).abs()
+    out.update(mean_abs_diff=float(diff.mean()), full_std=float(full.float().std()),
+               finite=bool(torch.isfinite(tiled).all()))
+    return out
+
+
 def jsonable(x):
     return json.loads(json.dumps(x, default=str))
 
@@ -329,6 +395,11 @@ async def main():
             RESULTS["vaes"][name] = {"plain": {"ok": False, "error": traceback.format_exc()}}
         comfy.model_management.unload_all_models()
         comfy.model_management.soft_empty_cache()
+    if ARGS.ways and "ltxv_vae" in vae_names:
+        try:
+            RESULTS["time_tiles"] = {"ltxv_vae": vae_time_tiles("ltxv_vae")}
+        except Exception:
+            RESULTS["time_tiles"] = {"ltxv_vae": {"error": traceback.format_exc()}}
 
 
 if __name__ == "__main__":

@@ -58,3 +58,18 @@ def test_vae_plain_tiled_and_placed(results, name):
     w = r["ways"]["placed"]
     assert w["ok"] and w["compare"]["close"], w
     assert w["facts"]["calls"] and all(o == "ok" for _, o in w["facts"]["calls"]), w["facts"]
+
+
+def test_video_vae_decodes_in_time_tiles_where_the_plan_says_so(results):
+    """LTXV's VAE at 25 frames on a budget below the whole clip: auto-fit plans tiles in
+    time (tile_frames), Apply Placement's adapter makes ComfyUI's plain VAEDecode run
+    decode_tiled with them, and the frames are exactly what VAE Decode (Tiled) gives with
+    the same tile by hand."""
+    t = results["time_tiles"]["ltxv_vae"]
+    assert "error" not in t, t.get("error")
+    assert t["tile_frames"] and t["tile_frames"] < t["frames"], t
+    assert any(f"x {t['tile_frames']} frames tiles" in r for r in t["reasons"]), t["reasons"]
+    assert t["full_tiler_calls"] == 0 and t["tiles"], t      # the loader's VAE: whole clip
+    assert all(len(tile) == 3 for tile in t["tiles"])         # time, height, width
+    assert t["equals_vae_decode_tiled_node"] and t["finite"], t
+    assert t["shapes"][0] == t["shapes"][1]
