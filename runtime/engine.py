@@ -443,6 +443,10 @@ class Engine:
         out["pageable_host_bytes"] = pool.pageable_bytes if pool is not None else 0
         if pool is not None and pool.warning:
             out["pinned_warning"] = pool.warning
+        events = getattr(self, "events", None)
+        if events is not None and not events.learning:
+            # blocks whose own forward never ran, entered through their layers (units.py)
+            out["blocks_entered_by_units"] = sum(events.via_units)
         check = getattr(self, "check", None)
         if check is not None:
             out["device_check"] = "on" if check.off_because is None else \

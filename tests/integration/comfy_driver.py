@@ -9,7 +9,6 @@ the pytest side does.
 """
 import argparse
 import asyncio
-import importlib
 import json
 import os
 import sys
@@ -48,6 +47,10 @@ import comfy.taesd.taesd  # noqa: E402
 import execution  # noqa: E402
 import nodes  # noqa: E402
 import server  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import headless  # noqa: E402
+from headless import pack_module, validate  # noqa: E402,F401 - drivers use cd.pack_module
 
 RESULTS = {"errors": []}
 
@@ -450,32 +453,9 @@ class ForwardRecorder:
                     "input_devices": sorted(v["input_devices"])} for k, v in out.items()}
 
 
-# -- a headless ComfyUI ---------------------------------------------------------------
-class StubServer:
-    def __init__(self):
-        self.client_id = None
-        self.last_node_id = None
-        self.sockets_metadata = {}
-        self.messages = []
-
-    def send_sync(self, event, data, sid=None):
-        self.messages.append((event, data))
-
-    def queue_updated(self):
-        pass
-
-
+# -- a headless ComfyUI (headless.py, shared with the other drivers) --------------------
 async def start_comfy(pack_dir, work):
-    server.PromptServer.instance = StubServer()
-    # Load only this pack, from a folder we control, whatever the checkout's custom_nodes hold.
-    custom = os.path.join(work, "custom_nodes")
-    os.makedirs(custom, exist_ok=True)
-    link = os.path.join(custom, "comfyui-placement")
-    if not os.path.lexists(link):
-        os.symlink(os.path.abspath(pack_dir), link)
-    folder_paths.folder_names_and_paths["custom_nodes"] = ([custom], set())
-    await nodes.init_extra_nodes(init_custom_nodes=True, init_api_nodes=False)
-    nodes.NODE_CLASS_MAPPINGS.update(TEST_NODES)
+    await headless.start_comfy(pack_dir, work, TEST_NODES)
 
 
 def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run", keep=False,
@@ -572,17 +552,6 @@ def devices_prompt():
     return {"1": {"class_type": "PlacementDevices", "inputs": {}}}
 
 
-async def validate(prompt, prompt_id):
-    # as the server does on /prompt: its on_prompt handlers (the pack records the spec
-    # inputs Backend Assignment's validate_inputs reads) run before validation
-    cls = nodes.NODE_CLASS_MAPPINGS.get("PlacementBackendAssignment")
-    if cls is not None:
-        package = cls.__module__.rsplit(".", 1)[0]
-        importlib.import_module(package + ".prompt_inputs").remember_prompt({"prompt": prompt})
-    ok, error, outputs, node_errors = await execution.validate_prompt(prompt_id, prompt, None)
-    return ok, error, outputs, node_errors
-
-
 async def run_prompt(executor, prompt, prompt_id):
     """Validate and execute; returns a JSON-able record."""
     ok, error, outputs, node_errors = await validate(prompt, prompt_id)
@@ -599,17 +568,6 @@ async def run_prompt(executor, prompt, prompt_id):
         d.pop("current_inputs", None)
         d.pop("current_outputs", None)
     return record
-
-
-def pack_module(suffix):
-    """The pack as ComfyUI imported it (its package name is the folder's path)."""
-    for name, mod in list(sys.modules.items()):
-        if name.endswith("comfyui-placement." + suffix):
-            return mod
-    for name in list(sys.modules):                  # imported lazily by the pack: import it
-        if name.endswith("comfyui-placement"):
-            return importlib.import_module(f"{name}.{suffix}")
-    raise LookupError(f"pack module {suffix} not loaded")
 
 
 def adapter_facts(model, vae):

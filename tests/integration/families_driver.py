@@ -559,6 +559,7 @@ def way_facts(tag):
             "mode": stats.get("mode") or stats.get("split_mode"),
             "streamed_blocks": stats.get("streamed_blocks"),
             "device_check": stats.get("device_check"),
+            "entered_by_units": stats.get("blocks_entered_by_units"),
             "sharded_linears": stats.get("sharded_linears"),
             "warnings": plan.get("warnings"), "reasons": comp.get("reasons")}
 

@@ -80,4 +80,4 @@ def pack_module(suffix):
     for name in list(sys.modules):
         if name.endswith("comfyui-placement"):
             return importlib.import_module(name + "." + suffix)
-    raise RuntimeError(f"the pack's {suffix} is not imported")
+    raise LookupError(f"the pack's {suffix} is not imported")

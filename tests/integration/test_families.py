@@ -79,6 +79,9 @@ def test_unet_families_really_split_and_stream(results):
         stream = ways["stream_cpu"]["facts"]
         planned, measured = stream["planned"]["cuda0"], stream["measured"]["cuda0"]["peak_bytes"]
         assert planned <= measured <= planned * 1.1 + (1 << 20), (key, stream)
+        # ComfyUI's UNet never calls its blocks' own forward: they were entered through
+        # their layers, and every one of them (the runtime learned that on the first step)
+        assert stream["entered_by_units"] == stream["streamed_blocks"], (key, stream)
 
 
 def test_streamed_plans_match_the_ledger(results):

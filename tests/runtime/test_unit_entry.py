@@ -161,6 +161,10 @@ def test_streamed_from_host_equals_plain_and_counts_every_block(cls, sim_invento
         resident, ahead = stats["resident_weight_bytes"], stats["prefetched_ahead_bytes"]
         assert dev["h2d_bytes"] == resident + 3 * streamed_bytes(model, 1) + ahead
         assert stats["streamed_blocks"] == len(find_blocks(model)) - 1
+        # every block was entered through its layers: no container's forward ever ran
+        assert stats["blocks_entered_by_units"] == \
+            (len(find_blocks(model)) if cls is LoopUNet else 0)
+        assert stats["device_check"] == "on"
     assert_restored(model, snap)
 
 
