@@ -100,6 +100,10 @@ class Engine:
         self.file = None
         self.targets: List = []
         self.mover: Optional[Mover] = None
+        self.check = None                   # simcheck.ForwardCheck on a simulated device
+        self.cuda_devices: List[torch.device] = []
+        self.events = None                  # units.BlockEvents (the staged engine's)
+        self._own_forward = None            # the forward the guard wraps (_guard_forward)
         self.pool: Optional[PinnedPool] = None
         # every tensor of the module: id -> (tensor, device it was on), and its resting
         # value (its own data, or a view of the packed host copy that holds it once)
@@ -297,11 +301,11 @@ class Engine:
                     yield f"{g.name} (its host copy)", src.host
 
     # -- hooks every runtime shares -----------------------------------------------------
-    def _attach_check(self) -> None:
+    def _guard_forward(self) -> None:
         """The module's forward runs inside a guard (an instance `forward` that wraps the
         module's own, removed at detach): on a simulated device, the device check
         (simcheck.py); on CUDA, the caller's current device is put back (blocks make their
-        own device current, `_current_device`). A wrapper, not a pre/post hook pair:
+        own device current, stages.py's `_current_device`). A wrapper, not a pre/post hook pair:
         torch skips always-call hooks on a KeyboardInterrupt, and a dispatch mode must be
         left in the frame (and inference-mode guard) it was entered in. Hooks run outside
         it: the root pre-hook's load copies weights, which the check allows anyway."""
@@ -325,8 +329,8 @@ class Engine:
                     torch.cuda.set_device(device)
         module.forward = forward
 
-    def _detach_check(self) -> None:
-        own = getattr(self, "_own_forward", None)
+    def _unguard_forward(self) -> None:
+        own = self._own_forward
         if own is None:
             return
         self._own_forward = None
@@ -335,13 +339,6 @@ class Engine:
             self.module.forward = previous
         else:
             self.module.__dict__.pop("forward", None)
-
-    def _current_device(self, gi: int) -> None:
-        """On CUDA, a block computes with its own device current, so kernels that bind a
-        workspace to the current device (fp8/int8 kernels) run on the right GPU."""
-        device = self.targets[self.owner[gi]].device if self.owner else self.targets[0].device
-        if device.type == "cuda" and torch.cuda.current_device() != device.index:
-            torch.cuda.set_device(device)
 
     def _unload(self) -> None:
         """Give the device memory back; tensors point at their resting copies."""
@@ -404,10 +401,10 @@ class Engine:
         """Subclasses: device memory held beside the groups (LoRA patches)."""
 
     def _teardown(self) -> None:
-        if getattr(self, "check", None) is not None:
+        if self.check is not None:
             self.check.close()
         self._detach()
-        self._detach_check()
+        self._unguard_forward()
         if self.mover is not None:
             self.mover.end_forward()          # drop copies a forward stopped midway left
         try:
@@ -443,14 +440,12 @@ class Engine:
         out["pageable_host_bytes"] = pool.pageable_bytes if pool is not None else 0
         if pool is not None and pool.warning:
             out["pinned_warning"] = pool.warning
-        events = getattr(self, "events", None)
-        if events is not None and not events.learning:
+        if self.events is not None and not self.events.learning:
             # blocks whose own forward never ran, entered through their layers (units.py)
-            out["blocks_entered_by_units"] = sum(events.via_units)
-        check = getattr(self, "check", None)
-        if check is not None:
-            out["device_check"] = "on" if check.off_because is None else \
-                f"off: {check.off_because}"
+            out["blocks_entered_by_units"] = sum(self.events.via_units)
+        if self.check is not None:
+            out["device_check"] = "on" if self.check.off_because is None else \
+                f"off: {self.check.off_because}"
         out.update(self._more_stats())
         return out
 

@@ -75,6 +75,10 @@ class Mover:
     def _source_index(self, key) -> int:
         return key if self.simulated else self._index.get(key, -1)
 
+    def index_of(self, t: torch.Tensor) -> int:
+        """Index of the device `t` is on (-1: none of this split's devices)."""
+        return self._source_index(self.where(t))
+
     def tag_outputs(self, x, d: int):
         """Simulated devices: what a block on device d returned lives on d."""
         if isinstance(x, torch.Tensor):
@@ -91,7 +95,7 @@ class Mover:
         """One hop of `t` to device d, uncached (row split's per-call traffic). `src`:
         the device index `t` is on, when the caller knows it."""
         if src < 0:
-            src = self._source_index(self.where(t))
+            src = self.index_of(t)
         hop = self.hop[src][d] if src >= 0 else None
         out = hop(t) if hop is not None else t.to(self.keys[d])
         n = tensor_bytes(t)

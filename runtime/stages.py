@@ -160,7 +160,7 @@ class StagedEngine(Engine):
     # -- hooks --------------------------------------------------------------------------
     def _attach(self) -> None:
         m = self.module
-        self._attach_check()
+        self._guard_forward()
         self._handles.append(m.register_forward_pre_hook(self._root_pre, with_kwargs=True))
         self._handles.append(m.register_forward_hook(self._root_post))
         # inputs go to the main device on real hardware (a simulated device is host memory)
@@ -232,18 +232,20 @@ class StagedEngine(Engine):
         with self._hop_lock:                # pipelined shares cross boundaries at once
             self.hops += 1
 
+    def _bring_counted(self, x, d: int):
+        """`x` brought to device d; one hop when anything crossed."""
+        copies = self.mover.copies
+        x = self.mover.bring(x, d)
+        if self.mover.copies != copies:
+            self._hop()
+        return x
+
     def _block_out(self, gi, output, last):
         d = self.owner[gi]
-        if gi == self._last_block and last and self.exit_needed:
-            if self.mover.simulated:
-                self.mover.tag_outputs(output, d)
-            copies = self.mover.copies
-            output = self.mover.bring(output, 0)
-            if self.mover.copies != copies:
-                self._hop()
-            return output
         if d != 0 and self.mover.simulated:
             self.mover.tag_outputs(output, d)
+        if gi == self._last_block and last and self.exit_needed:
+            return self._bring_counted(output, 0)
         return None
 
     def follow(self, x, like):
@@ -251,15 +253,15 @@ class StagedEngine(Engine):
         UNet concatenates an input block's output with an output block's input)."""
         if self.mover is None:
             return x
-        where = self.mover.where(like)
-        for d, key in enumerate(self.mover.keys):
-            if key == where:
-                copies = self.mover.copies
-                out = self.mover.bring(x, d)
-                if self.mover.copies != copies:
-                    self._hop()
-                return out
-        return x
+        d = self.mover.index_of(like)
+        return x if d < 0 else self._bring_counted(x, d)
+
+    def _current_device(self, gi: int) -> None:
+        """On CUDA, a block computes with its own device current, so kernels that bind a
+        workspace to the current device (fp8/int8 kernels) run on the right GPU."""
+        device = self.targets[self.owner[gi]].device
+        if device.type == "cuda" and torch.cuda.current_device() != device.index:
+            torch.cuda.set_device(device)
 
     def _root_post(self, module, args, output):
         self.events.end_forward()
@@ -271,10 +273,7 @@ class StagedEngine(Engine):
         self.forwards += 1
         if self.mover is None:
             return None
-        copies = self.mover.copies
-        output = self.mover.bring(output, 0)     # a tensor that skipped the exit hook
-        if self.mover.copies != copies:
-            self._hop()
+        output = self._bring_counted(output, 0)     # a tensor that skipped the exit hook
         self.mover.end_forward()
         return output
 

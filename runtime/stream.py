@@ -1,8 +1,9 @@
 """Block streaming: a byte ring on the device, as many blocks in flight as fit in it.
 
 This is where a streamed block arrives: `Streamer.arrive` (called when execution enters
-the block, runtime/units.py, whatever runs it) waits for its copy, binds its tensors and calls the `on_arrive` seam (LoRA patches,
-GGUF dequantization hang there; `region(gi)` is the block's bytes in the ring).
+the block, whatever runs it: runtime/units.py) waits for its copy, binds its tensors and
+calls the `on_arrive` seam (LoRA patches, GGUF dequantization hang there; `region(gi)` is
+the block's bytes in the ring).
 
 Streamed blocks are consumed in a sequence that runs on across forwards (sampling
 steps run the same blocks again): the j-th block consumed is schedule[j % n]. The ring

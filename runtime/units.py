@@ -63,20 +63,24 @@ class BlockEvents:
 
     # -- hooks ------------------------------------------------------------------------
     def attach(self) -> None:
-        outputs = bool(self.on_output)
         for gi, block in enumerate(self.blocks):
             self._handles.append(block.register_forward_pre_hook(
                 partial(self._block_pre, gi), with_kwargs=True))
-            if outputs:
+            if self.on_output:
                 self._handles.append(block.register_forward_hook(partial(self._block_post, gi)))
-            units = _units(block)
-            last = _last_of(block, {id(u) for u in units})
-            for u in units:
-                hs = self._unit_handles[gi]
-                hs.append(u.register_forward_pre_hook(partial(self._unit_pre, gi, u),
-                                                      with_kwargs=True))
-                if outputs:
-                    hs.append(u.register_forward_hook(partial(self._unit_post, gi, u is last)))
+            self._hook_units(gi, block, _units(block))
+
+    def _hook_units(self, gi: int, block: nn.Module, units: List[nn.Module]) -> None:
+        """Hooks on `units` of block gi, the ones there were removed first."""
+        for h in self._unit_handles[gi]:
+            h.remove()
+        hs = self._unit_handles[gi] = []
+        last = _last_of(block, {id(u) for u in units})
+        for u in units:
+            hs.append(u.register_forward_pre_hook(partial(self._unit_pre, gi, u),
+                                                  with_kwargs=True))
+            if self.on_output:
+                hs.append(u.register_forward_hook(partial(self._unit_post, gi, u is last)))
 
     def remove(self) -> None:           # a hook handle's name: the engine removes handles
         self.detach()
@@ -116,9 +120,7 @@ class BlockEvents:
             else:
                 keep = self._outermost(block, fired)
                 self.via_units[gi] = True
-            if len(keep) == len(self._unit_handles[gi]):
-                continue
-            self._rehook(gi, block, keep)
+            self._hook_units(gi, block, [u for u in _units(block) if id(u) in keep])
         self._fired = set()
 
     @staticmethod
@@ -138,18 +140,6 @@ class BlockEvents:
                     walk(child)
         walk(block)
         return keep
-
-    def _rehook(self, gi: int, block: nn.Module, keep: set) -> None:
-        for h in self._unit_handles[gi]:
-            h.remove()
-        hs = self._unit_handles[gi] = []
-        units = [u for u in _units(block) if id(u) in keep]
-        last = _last_of(block, keep)
-        for u in units:
-            hs.append(u.register_forward_pre_hook(partial(self._unit_pre, gi, u),
-                                                  with_kwargs=True))
-            if self.on_output:
-                hs.append(u.register_forward_hook(partial(self._unit_post, gi, u is last)))
 
     def _block_pre(self, gi, module, args, kwargs):
         s = self._state()

@@ -119,9 +119,6 @@ def find_blocks(tensors: Sequence[TensorInfo], family: str) -> BlockScan:
     component's resident rest (embeddings, norms, heads)."""
     tails = FAMILY_TAILS[family]
     match = _REGEX[family].match
-    # Stable Cascade's stages are levels of layers ('down_blocks.L.N.'): the runtime's
-    # blocks are the layers (runtime/blocks.py), so are the planner's
-    levels = family == "diffusion"
     acc: Dict[str, list] = {}          # block name -> [group, index, nbytes, suffixes, tail]
     by_dtype: Dict[str, int] = {}
     by_quant: Dict[str, int] = {}
@@ -155,7 +152,8 @@ def find_blocks(tensors: Sequence[TensorInfo], family: str) -> BlockScan:
             index = int(m.group("i"))
             group = root + tail
             bname = f"{group}.{index}" if group else str(index)
-            if levels and tail in LEVEL_GROUPS:    # 'down_blocks.0.3.': a level's layers
+            if tail in LEVEL_GROUPS:   # 'down_blocks.0.3.': a level's layers are blocks,
+                # as the runtime's (runtime/blocks.py)
                 rest = name[len(bname) + 1:]
                 dot = rest.find(".")
                 if dot > 0 and rest[:dot].isdigit():

@@ -324,16 +324,15 @@ class BatchPlaced:
         devices = {}
         for s in per.values():
             devices.update(s.get("devices", {}))
+        checks = [s["device_check"] for s in per.values() if "device_check" in s]
         return {"devices": devices, "hops": 0, "hop_bytes": 0, "parallel": "batch",
                 "runtime": list(self.devices), "speeds": dict(zip(self.devices, self.weights)),
                 "forwards": self.forwards, "items": dict(self.items),
                 "last_shares": dict(self.last_shares),
                 "threads": {d: len(t) for d, t in self.threads_seen.items()},
                 "host_pack_bytes": sum(s.get("host_pack_bytes", 0) for s in per.values()),
-                "device_check": next((s["device_check"] for s in per.values()
-                                      if s.get("device_check", "on") != "on"),
-                                     "on" if any("device_check" in s for s in per.values())
-                                     else None),
+                "device_check": next((c for c in checks if c != "on"),
+                                     checks[0] if checks else None),
                 "per_device": per}
 
     def stats(self) -> dict:

@@ -177,7 +177,7 @@ class RowSplit(Engine):
     # -- hooks --------------------------------------------------------------------------
     def _attach(self) -> None:
         m = self.module
-        self._attach_check()
+        self._guard_forward()
         self._handles.append(m.register_forward_pre_hook(self._root_pre, with_kwargs=True))
         self._handles.append(m.register_forward_hook(self._root_post))
         self._overrides = []

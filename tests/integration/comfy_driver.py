@@ -50,7 +50,9 @@ import server  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import headless  # noqa: E402
-from headless import pack_module, validate  # noqa: E402,F401 - drivers use cd.pack_module
+# drivers use cd.pack_module, cd.validate, cd.run_prompt, cd.PLANS
+from headless import (PLANS, PlacementTestPlanSink, pack_module, run_prompt,  # noqa: E402,F401
+                      validate)
 
 RESULTS = {"errors": []}
 
@@ -349,25 +351,6 @@ class PlacementTestInterrupt:
         return (m,)
 
 
-PLANS = {}      # tag -> Apply Placement's plan JSON, recorded by PlacementTestPlanSink
-
-
-class PlacementTestPlanSink:
-    """Records Apply Placement's plan_json under its tag (PLANS)."""
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"plan_json": ("STRING", {"forceInput": True}),
-                             "tag": ("STRING", {"default": ""})}}
-    RETURN_TYPES = ()
-    FUNCTION = "run"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-
-    def run(self, plan_json, tag):
-        PLANS[tag] = json.loads(plan_json)
-        return {}
-
-
 TEST_NODES = {"PlacementTestConditioning": PlacementTestConditioning,
               "PlacementTestPlanSink": PlacementTestPlanSink,
               "PlacementTestKeepModel": PlacementTestKeepModel,
@@ -550,24 +533,6 @@ def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run"
 
 def devices_prompt():
     return {"1": {"class_type": "PlacementDevices", "inputs": {}}}
-
-
-async def run_prompt(executor, prompt, prompt_id):
-    """Validate and execute; returns a JSON-able record."""
-    ok, error, outputs, node_errors = await validate(prompt, prompt_id)
-    record = {"valid": bool(ok), "error": error, "node_errors": node_errors}
-    if not ok:
-        return record
-    server.PromptServer.instance.messages.clear()
-    await executor.execute_async(prompt, prompt_id, {}, outputs)
-    record["success"] = executor.success
-    record["ui"] = {k: v for k, v in (getattr(executor, "history_result", {}) or {})
-                    .get("outputs", {}).items()}
-    record["exec_errors"] = [d for e, d in executor.status_messages if e == "execution_error"]
-    for d in record["exec_errors"]:
-        d.pop("current_inputs", None)
-        d.pop("current_outputs", None)
-    return record
 
 
 def adapter_facts(model, vae):

@@ -76,7 +76,8 @@ import comfy.model_management  # noqa: E402
 import nodes  # noqa: E402
 
 import families as fam_mod  # noqa: E402
-from headless import new_executor, pack_module, run_prompt, start_comfy  # noqa: E402
+from headless import (PLANS, PlacementTestPlanSink, new_executor, pack_module,  # noqa: E402
+                      run_prompt, start_comfy)
 from families import FAMILIES, PAIRS  # noqa: E402
 
 RESULTS = {"errors": [], "families": {}}
@@ -142,24 +143,7 @@ class FamilyTestKeepModel:
         return {}
 
 
-class FamilyTestPlanSink:
-    """Records Apply Placement's plan_json under its tag (PLANS)."""
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"plan_json": ("STRING", {"forceInput": True}),
-                             "tag": ("STRING", {"default": ""})}}
-    RETURN_TYPES = ()
-    FUNCTION = "run"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-
-    def run(self, plan_json, tag):
-        PLANS[tag] = json.loads(plan_json)
-        return {}
-
-
-PLANS = {}
-TEST_NODES = {"FamilyTestPlanSink": FamilyTestPlanSink,
+TEST_NODES = {"PlacementTestPlanSink": PlacementTestPlanSink,
               "FamilyTestConditioning": FamilyTestConditioning,
               "FamilyTestLatent": FamilyTestLatent,
               "FamilyTestLatentSink": FamilyTestLatentSink,
@@ -195,7 +179,7 @@ def _placed(prompt, model, placement_inputs, node, keep_tag=None):
     if keep_tag is not None:
         prompt[str(node + 2)] = {"class_type": "FamilyTestKeepModel",
                                  "inputs": {"model": placed, "tag": keep_tag}}
-        prompt[str(node + 3)] = {"class_type": "FamilyTestPlanSink",
+        prompt[str(node + 3)] = {"class_type": "PlacementTestPlanSink",
                                  "inputs": {"plan_json": [str(node + 1), 7], "tag": keep_tag}}
     return placed
 

@@ -3,6 +3,7 @@
 pack (and the driver's test nodes), prompts validated and executed as the server would.
 Import it after `comfy.options.enable_args_parsing()`."""
 import importlib
+import json
 import os
 import sys
 
@@ -39,6 +40,25 @@ async def start_comfy(pack_dir, work, test_nodes):
     nodes.NODE_CLASS_MAPPINGS.update(test_nodes)
 
 
+PLANS = {}      # tag -> Apply Placement's plan JSON, recorded by PlacementTestPlanSink
+
+
+class PlacementTestPlanSink:
+    """Records Apply Placement's plan_json under its tag (PLANS)."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"plan_json": ("STRING", {"forceInput": True}),
+                             "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, plan_json, tag):
+        PLANS[tag] = json.loads(plan_json)
+        return {}
+
+
 def new_executor():
     return execution.PromptExecutor(server.PromptServer.instance,
                                     cache_type=execution.CacheType.CLASSIC,
@@ -56,7 +76,7 @@ async def validate(prompt, prompt_id):
 
 
 async def run_prompt(executor, prompt, prompt_id):
-    """Validate and execute; a JSON-able record (valid, error, node_errors, success,
+    """Validate and execute; a JSON-able record (valid, error, node_errors, success, ui,
     exec_errors)."""
     ok, error, outputs, node_errors = await validate(prompt, prompt_id)
     record = {"valid": bool(ok), "error": error, "node_errors": node_errors}
@@ -65,6 +85,8 @@ async def run_prompt(executor, prompt, prompt_id):
     server.PromptServer.instance.messages.clear()
     await executor.execute_async(prompt, prompt_id, {}, outputs)
     record["success"] = bool(executor.success)
+    record["ui"] = {k: v for k, v in (getattr(executor, "history_result", {}) or {})
+                    .get("outputs", {}).items()}
     record["exec_errors"] = [d for e, d in executor.status_messages if e == "execution_error"]
     for d in record["exec_errors"]:
         d.pop("current_inputs", None)
