@@ -14,6 +14,7 @@ bytes / measured pinned bandwidth): both measured here, in the same process, war
 with the same threads. A ratio of 1.0 is perfect overlap; below 1.0 would mean the
 measurement is wrong. Prints a table; `--json PATH` writes the figures.
 """
+import gc
 import json
 import platform
 import shutil
@@ -392,7 +393,11 @@ def stream_comparison(shape: Shape, dtype, device, inventory, device_name: str,
         rows[f"pack engine, streamed, depth {depth}"].update(
             h2d_bytes=stats["devices"][device_name].get("h2d_bytes", 0),
             pinned_bytes=stats.get("pinned_bytes", 0), planner_depth=depth == planner_depth)
+        # the host copy sits in reference cycles (its hooks): collect it now, or the next
+        # depth pins beside its pinned buffers (pinned_bytes is process-wide; an H100 run
+        # read 2x the weights at depth 2 without this)
         del host
+        gc.collect()
 
     if device.type == "cuda":
         host = copy_to_cpu(resident)
@@ -403,6 +408,7 @@ def stream_comparison(shape: Shape, dtype, device, inventory, device_name: str,
             for h in cast.handles:
                 h.remove()
         del host, cast
+        gc.collect()
         # diffusers' default (record_stream=False) and with record_stream=True: its
         # prefetched weights are made on a side stream and read on the compute stream
         for record_stream in (False, True):
@@ -414,6 +420,7 @@ def stream_comparison(shape: Shape, dtype, device, inventory, device_name: str,
             else:
                 rows[name] = {"skipped": why}
             del host
+            gc.collect()
     return {"shape": {**shape.__dict__, "tokens": shape.tokens}, "planner_depth": planner_depth,
             "dtype": str(dtype).replace("torch.", ""), "weights_bytes": nbytes,
             "resident_step_s": t_res, "transfer_s": transfer_s,

@@ -23,6 +23,7 @@ SECRET_ENV = "CP_TEST_DISTRIBUTED_SECRET"
 class WorkerProcess:
     def __init__(self, models, tmp_path, secret="loopback-secret", name="w"):
         env = dict(os.environ, **{SECRET_ENV: secret})
+        self.name = name
         self.log = open(tmp_path / f"{name}.log", "w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "comfyui_placement", "worker", "--listen", "127.0.0.1:0",
@@ -58,6 +59,7 @@ def workers(tmp_path):
     for w in started:
         if w.proc.poll() is None:
             w.proc.send_signal(signal.SIGCONT)
+        print(f"--- worker {w.name} log ---\n{w.logs()}")   # pytest shows it on failure
         w.stop()
 
 
