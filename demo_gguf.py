@@ -48,7 +48,11 @@ def run_gguf_demo(qtype: str, as_json: bool = False) -> int:
         reference_model = copy.deepcopy(model)           # plain Linears, dequantized once
         reference_model.load_state_dict(dequantized)
         qmodel = load_gguf(path, model)
-        budget = quant_bytes * 3 // 4                    # 3/4 of the quantized weights
+        # the GPU's room for working memory: each Linear dequantizes its weight to float32
+        # on use (up to three such temporaries alive at once: q, k, v) beside 256x256's
+        # activations; the simulated device meters it and refuses to go past the budget
+        work = 3 * max(_numel(t.shape) * 4 for t in tensors) + (2 << 20)
+        budget = quant_bytes * 3 // 4 + work             # 3/4 of the quantized weights
         inventory = Inventory.simulated(INVENTORY)
         spec = PlacementSpec(backend="diffusion=cuda0", stream_layers=True,
                              max_vram=f"cuda0={budget}b")
@@ -56,7 +60,8 @@ def run_gguf_demo(qtype: str, as_json: bool = False) -> int:
                         resolution=RESOLUTION)
         print(f"model: Flux architecture, {format_bytes(float_bytes)} in float32, written as "
               f"{qtype} GGUF: {format_bytes(quant_bytes)} ({', '.join(_types(tensors))})\n"
-              f"simulated GPU {INVENTORY}, budget {format_bytes(budget)}\n")
+              f"simulated GPU {INVENTORY}, budget {format_bytes(budget)} "
+              f"({format_bytes(work)} of it for working memory)\n")
         print(the_plan.report())
         disk_spec = PlacementSpec(backend="diffusion=cuda0", stream_layers=True,
                                   params_backend="diffusion=disk", max_vram=f"cuda0={budget}b")
@@ -71,7 +76,8 @@ def run_gguf_demo(qtype: str, as_json: bool = False) -> int:
             for label, m, p, opts in (("streamed, params cpu", qmodel, the_plan, {}),
                                       ("streamed, params disk", lazy, disk_plan,
                                        {"weights_file": path})):
-                with place(m, p, "diffusion", inventory, **opts) as placed:
+                with place(m, p, "diffusion", inventory, headroom_bytes=work,
+                           **opts) as placed:
                     out = m(**inputs).sample
                     stats = placed.stats()
                 runs[label] = (out, stats)
@@ -83,7 +89,9 @@ def run_gguf_demo(qtype: str, as_json: bool = False) -> int:
         worst = max(worst, diff)
         dev = stats["devices"]["cuda0"]
         print(f"{label}: max |diff| = {diff:g} -> {'identical' if diff == 0 else 'DIFFERENT'}; "
-              f"copied {format_bytes(dev['h2d_bytes'])}, peak {format_bytes(dev['peak_bytes'])}")
+              f"copied {format_bytes(dev['h2d_bytes'])}, peak {format_bytes(dev['peak_bytes'])}, "
+              f"working memory {format_bytes(dev.get('working_peak_bytes', 0))} of "
+              f"{format_bytes(work)} reserved")
     streamed = runs["streamed, params cpu"][1]["streamed_bytes_per_forward"]
     print(f"\nbytes per forward over the link (streamed blocks): {format_bytes(streamed)} as "
           f"{qtype}; the same blocks in bf16: {format_bytes(block_bf16)} "
@@ -93,6 +101,7 @@ def run_gguf_demo(qtype: str, as_json: bool = False) -> int:
         print(json.dumps({"qtype": qtype, "plan": the_plan.to_dict(),
                           "quantized_bytes": quant_bytes, "float32_bytes": float_bytes,
                           "streamed_bytes_per_forward": streamed,
+                          "working_memory_bytes": work,
                           "bf16_bytes_of_streamed_blocks": block_bf16,
                           "max_abs_diff": worst,
                           "stats": {k: s for k, (_, s) in runs.items()}}))

@@ -3,7 +3,9 @@ stats() reports.
 
 Every device allocation the runtime makes goes through `reserve`, so going past the
 capacity raises the error a real device raises (torch.OutOfMemoryError), before the
-memory is taken. Activations are the tensors the runtime sees entering each block.
+memory is taken. Activations are the tensors the runtime sees entering each block; on a
+simulated device the working memory is measured instead (workmeter.py: every tensor the
+forward computes, alive), and the block-input estimate gives way to it (`metered`).
 """
 import threading
 
@@ -11,7 +13,7 @@ import torch
 
 from ..placement.units import format_bytes
 
-CATEGORIES = ("resident", "slots", "activations")
+CATEGORIES = ("resident", "slots", "activations", "working")
 
 
 def out_of_memory(device: str, asked: int, held: int, capacity: int, what: str):
@@ -27,6 +29,8 @@ class Ledger:
         self.held = dict.fromkeys(CATEGORIES, 0)
         self.peak_bytes = 0
         self.activation_peak_bytes = 0
+        self.working_peak_bytes = 0
+        self.metered = False            # a WorkMeter measures the working memory here
         self.h2d_bytes = 0
         self.h2d_copies = 0
         self._lock = threading.Lock()
@@ -34,7 +38,7 @@ class Ledger:
     @property
     def total(self) -> int:
         h = self.held
-        return h["resident"] + h["slots"] + h["activations"]
+        return h["resident"] + h["slots"] + h["activations"] + h["working"]
 
     def reserve(self, category: str, nbytes: int, what: str) -> None:
         with self._lock:
@@ -51,7 +55,11 @@ class Ledger:
             assert self.held[category] >= 0, (category, self.held[category])
 
     def set_activations(self, nbytes: int, what: str = "activations") -> None:
-        """The activations now live on the device (replaces the previous figure)."""
+        """The activations now live on the device (replaces the previous figure). Where
+        the working memory is metered, only the forward's inputs (made before it ran,
+        so the meter never saw them) are set here."""
+        if self.metered and what != "forward inputs":
+            nbytes = 0 if nbytes == 0 else self.held["activations"]
         if nbytes == self.held["activations"]:
             return
         with self._lock:
@@ -65,6 +73,19 @@ class Ledger:
             if nbytes > self.activation_peak_bytes:
                 self.activation_peak_bytes = nbytes
 
+    def set_working(self, nbytes: int, what: str = "working memory") -> None:
+        """The bytes a metered forward has computed and still holds here (workmeter.py)."""
+        with self._lock:
+            total = self.total - self.held["working"] + nbytes
+            if nbytes > self.held["working"] and total > self.capacity:
+                raise out_of_memory(self.device, nbytes - self.held["working"],
+                                    self.total, self.capacity, what)
+            self.held["working"] = nbytes
+            if total > self.peak_bytes:
+                self.peak_bytes = total
+            if nbytes > self.working_peak_bytes:
+                self.working_peak_bytes = nbytes
+
     def count_h2d(self, nbytes: int) -> None:
         self.h2d_bytes += nbytes      # called from the thread that submits copies only
         self.h2d_copies += 1
@@ -73,4 +94,5 @@ class Ledger:
         return {"peak_bytes": self.peak_bytes, "h2d_bytes": self.h2d_bytes,
                 "h2d_copies": self.h2d_copies, "capacity_bytes": self.capacity,
                 "resident_bytes": self.held["resident"], "slot_bytes": self.held["slots"],
-                "activation_peak_bytes": self.activation_peak_bytes}
+                "activation_peak_bytes": self.activation_peak_bytes,
+                **({"working_peak_bytes": self.working_peak_bytes} if self.metered else {})}

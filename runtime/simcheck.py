@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..placement.errors import PlacementError
+from .workmeter import WorkMeter
 
 aten = torch.ops.aten
 _ALLOWED = {aten.copy_.default, aten.empty_like.default, aten.zeros_like.default,
@@ -59,15 +60,21 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        watched = self.check.watched
+        check = self.check
+        watched, meter = check.watched, check.meter
+        if not watched and meter is None:
+            return func(*args, **kwargs)
+        keys = {_storage_ptr(a) for a in tree_flatten((args, kwargs))[0]
+                if isinstance(a, torch.Tensor) and not a.is_meta}
         if watched and func not in _ALLOWED and not func.is_view:
-            flat, _ = tree_flatten((args, kwargs))
-            for a in flat:
-                if isinstance(a, torch.Tensor) and not a.is_meta:
-                    hit = watched.get(_storage_ptr(a))
-                    if hit is not None:
-                        self.check.refuse(hit, func)
-        return func(*args, **kwargs)
+            for key in keys:
+                hit = watched.get(key)
+                if hit is not None:
+                    check.refuse(hit, func)
+        out = func(*args, **kwargs)
+        if meter is not None:
+            meter.produced(out, keys)
+        return out
 
 
 class ForwardCheck:
@@ -81,6 +88,7 @@ class ForwardCheck:
         # resting tensors alive while placed, so a pointer cannot be reused meanwhile
         self.watched: Dict[int, str] = {}
         self.off_because: Optional[str] = None
+        self.meter = None               # workmeter.WorkMeter: the working memory measured
         self._local = threading.local()
 
     def watch(self, resting: Iterable[Tuple[str, torch.Tensor]]) -> None:
@@ -94,6 +102,10 @@ class ForwardCheck:
                 # legacy constructor, which a dispatch mode breaks; no check for them
                 self.off_because = f"{name} is a {type(t).__name__} (a tensor subclass)"
                 self.watched = {}
+                if self.meter is not None:      # unmetered: the ledgers estimate again
+                    for ledger in self.meter.ledgers:
+                        ledger.metered = False
+                    self.meter = None
                 return
             ptr = _storage_ptr(t)
             if ptr:
@@ -131,6 +143,8 @@ class ForwardCheck:
         forward that entered it (popping it here, maybe inside another inference-mode
         guard, would leave torch's dispatch keys out of step with its mode stack)."""
         self.watched = {}
+        if self.meter is not None:
+            self.meter.forget()
 
     @property
     def active(self) -> bool:
@@ -138,8 +152,14 @@ class ForwardCheck:
 
 
 def forward_check(component: str, targets) -> Optional[ForwardCheck]:
-    """A check for a placement with a simulated device among its targets, else None."""
+    """A check for a placement with a simulated device among its targets, else None.
+    Where every target is simulated, it meters their working memory too."""
     sim = [t.name for t in targets if t.simulated]
     if not sim:
         return None
-    return ForwardCheck(component, "&".join(sim))
+    check = ForwardCheck(component, "&".join(sim))
+    if len(sim) == len(targets):
+        check.meter = WorkMeter([t.ledger for t in targets])
+        for t in targets:
+            t.ledger.metered = True
+    return check

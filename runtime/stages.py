@@ -180,6 +180,10 @@ class StagedEngine(Engine):
             events.on_output.append(self._block_out)
         if self.cuda_devices:
             events.on_enter.append(self._current_device)
+        meter = self.check.meter if self.check is not None else None
+        if meter is not None and self.mover is not None:
+            owner = self.owner           # the working memory is charged where it computes
+            events.on_enter.append(lambda gi: meter.set_device(owner[gi]))
         events.attach()
         self._handles.append(events)
 
@@ -203,6 +207,7 @@ class StagedEngine(Engine):
             self.mover.end_forward()          # a forward stopped midway left copies
         self._root_in = seen_bytes(args, kwargs)
         self.targets[0].ledger.set_activations(self._root_in, "forward inputs")
+        self._compute_on(0)
         for s in self.streamers:
             s.begin_forward()
         self.events.begin_forward()
@@ -245,6 +250,7 @@ class StagedEngine(Engine):
         if d != 0 and self.mover.simulated:
             self.mover.tag_outputs(output, d)
         if gi == self._last_block and last and self.exit_needed:
+            self._compute_on(0)
             return self._bring_counted(output, 0)
         return None
 
@@ -262,6 +268,11 @@ class StagedEngine(Engine):
         device = self.targets[self.owner[gi]].device
         if device.type == "cuda" and torch.cuda.current_device() != device.index:
             torch.cuda.set_device(device)
+
+    def _compute_on(self, d: int) -> None:
+        """Where the working memory is charged from now on (simulated devices)."""
+        if self.check is not None and self.check.meter is not None:
+            self.check.meter.set_device(d)
 
     def _root_post(self, module, args, output):
         self.events.end_forward()

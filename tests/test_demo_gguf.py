@@ -19,7 +19,10 @@ def test_demo_gguf_q4_k_streams_quantized_bytes_identically(capsys):
     ratio = data["streamed_bytes_per_forward"] / data["bf16_bytes_of_streamed_blocks"]
     assert 0.28 < ratio < 0.32
     budget = data["plan"]["devices"][0]["budget_bytes"]
-    assert budget < data["quantized_bytes"]                 # it cannot sit there whole
+    work = data["working_memory_bytes"]                      # reserved for working memory
+    assert budget - work < data["quantized_bytes"]          # it cannot sit there whole
+    for stats in data["stats"].values():                    # metered on the simulated GPU
+        assert 0 < stats["devices"]["cuda0"]["working_peak_bytes"] <= work
     for stats in data["stats"].values():
         assert stats["devices"]["cuda0"]["peak_bytes"] <= budget
     assert "identical" in out and "DIFFERENT" not in out

@@ -10,7 +10,9 @@ activations of the largest step:
   UNet       c * (W/8 * H/8) * batch * cfg * model_channels * act_bytes
   VAE decode elements_per_output_pixel * W * H * act_bytes (one sample: ComfyUI
              decodes as many samples at once as fit)
-  text enc.  seq * (8 * hidden + 3 * ffn) * act_bytes (+ T5's materialised position bias)
+  text enc.  seq * (8 * hidden + f * ffn) * act_bytes (+ T5's materialised position bias);
+             f = 4 for gated FFNs (T5 v1.1, UMT5, LLMs: gate, up, activation and product
+             alive at once, as the simulated device's meter measured), 3 for CLIP
   upscaler   min(W*H, 512^2) * 3 * scale * 384 * 4  (ComfyUI upscales 512-pixel tiles in f32)
 Unknown architectures get seed 003's fixed reserves (DiT 2 GiB, TE 2 GiB, VAE 1 GiB).
 """
@@ -111,11 +113,12 @@ def text(encoders: Iterable[Tuple[str, int, int]], act_bytes: int) -> Optional[T
     best, why = -1, ""
     for arch, hidden, ffn in encoders:
         seq = TEXT_SEQ.get(arch, 1024)
-        act = seq * (8 * hidden + 3 * ffn) * act_bytes
+        f = 3 if arch.startswith("clip") else 4     # gated FFNs hold four ffn-wide tensors
+        act = seq * (8 * hidden + f * ffn) * act_bytes
         if arch in ("t5", "umt5"):       # relative position bias, f32, per head, twice
             act += (hidden // 64) * seq * seq * 4 * 2
         if act > best:
-            best, why = act, f"{arch}: {seq} tokens x (8 x {hidden} + 3 x {ffn}) x {act_bytes} B"
+            best, why = act, f"{arch}: {seq} tokens x (8 x {hidden} + {f} x {ffn}) x {act_bytes} B"
     if best < 0:
         return None
     return WORKSPACE + best, f"{why} + {format_bytes(WORKSPACE)} workspace"

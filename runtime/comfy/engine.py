@@ -45,6 +45,7 @@ from ...runtime.shadow import Shadow
 from .engine_patcher import engine_patcher_class, strip_engine
 from .gguf_models import gguf_key_map, gguf_model_file
 from .patchers import plain_clone
+from .patch_errors import patches_must_apply
 from .row_lora import row_lora_options
 from .cut import cut_comfy_inputs
 from .skips import with_skip_follow
@@ -135,7 +136,8 @@ class EngineSession:
         if getattr(self.placed, "mover", None) is not None and \
                 hasattr(self.placed, "follow"):     # a layer split: skips cross devices
             args, kwargs = with_skip_follow(args, kwargs, self.placed.follow)
-        return run_on_copy(executor, base, self.base_view(base), args, kwargs)
+        with patches_must_apply(self.component):
+            return run_on_copy(executor, base, self.base_view(base), args, kwargs)
 
     def base_view(self, base):
         """A shallow copy of ComfyUI's BaseModel whose diffusion_model is the placed copy

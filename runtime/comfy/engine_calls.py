@@ -36,6 +36,7 @@ from ...runtime.place import place
 from ...runtime.shadow import Shadow
 from .engine import engine_clone
 from .engine_patcher import KEY
+from .patch_errors import patches_must_apply
 from .row_lora import row_lora_options
 from .shares import load_shares_with, register_shares
 from .te_files import clip_disk_source, clip_files
@@ -125,7 +126,8 @@ class CallSession:
                 placed.__enter__()
         self.placed, self._record = placed, record
         try:
-            out = wrapper(*args, **kwargs)
+            with patches_must_apply(self.component):
+                out = wrapper(*args, **kwargs)
             record["outcome"] = "ok"
             return out
         except torch.OutOfMemoryError:

@@ -181,7 +181,7 @@ class RowSplit(Engine):
         self._handles.append(m.register_forward_pre_hook(self._root_pre, with_kwargs=True))
         self._handles.append(m.register_forward_hook(self._root_post))
         self._overrides = []
-        self._sent_caches = []
+        self._sent = [None, None]
         for lin, plan in self._layout:
             shards = []
             for d, w_i, b_i, loras in plan:
@@ -206,8 +206,13 @@ class RowSplit(Engine):
         # dequantize: GGUF weights stay quantized bytes in the shards (runtime/gguf/linear)
         mover = self.mover
         ledgers = [t.ledger for t in self.targets]
-        last = [None, None]          # (input, {device: copy}): q/k/v share one send
-        self._sent_caches.append(last)
+        # (input, {device: copy}), one for all the sharded Linears: q/k/v, called one
+        # after another on the same input, share one send, and a Linear called on another
+        # input frees the copies (per-Linear caches kept every Linear's input copy alive
+        # until the forward ended: the simulated device's meter showed 9x the working memory)
+        last = self._sent
+
+        meter = self.check.meter if self.check is not None else None
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             if last[0] is not x:
@@ -221,8 +226,12 @@ class RowSplit(Engine):
                 else:
                     xd = sent.get(d)
                     if xd is None:
+                        if meter is not None:
+                            meter.set_device(d)     # the copy lands there
                         xd = sent[d] = mover.copy_to(x, d, 0)
                         self.hops += 1
+                if meter is not None:
+                    meter.set_device(d)
                 if dequantize is None:
                     y = F.linear(xd, s.weight, s.bias)
                 else:
@@ -235,9 +244,13 @@ class RowSplit(Engine):
                 if d != 0:
                     ledgers[d].set_activations(xd.numel() * xd.element_size()
                                                + y.numel() * y.element_size(), "row shard")
+                    if meter is not None:
+                        meter.set_device(0)
                     y = mover.copy_to(y, 0, d)
                     self.hops += 1
                 outs.append(y)
+            if meter is not None:
+                meter.set_device(0)
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return forward
 
@@ -248,8 +261,7 @@ class RowSplit(Engine):
             # copy worker can write
             with torch.inference_mode(False):
                 self._load()
-        for last in self._sent_caches:
-            last[0] = last[1] = None
+        self._sent[0] = self._sent[1] = None
         self.targets[0].ledger.set_activations(seen_bytes(args, kwargs), "forward inputs")
         if not self.mover.simulated:
             main = self.targets[0].device
@@ -257,8 +269,7 @@ class RowSplit(Engine):
         return None
 
     def _root_post(self, module, args, output):
-        for last in self._sent_caches:
-            last[0] = last[1] = None
+        self._sent[0] = self._sent[1] = None
         for t in self.targets:
             t.ledger.set_activations(0)
         self.mover.end_forward()

@@ -29,7 +29,10 @@ def parse_args():
 ARGS = parse_args()
 sys.path.insert(0, ARGS.comfyui)
 os.chdir(ARGS.comfyui)
-sys.argv = [sys.argv[0], "--cpu", "--disable-dynamic-vram", "--output-directory",
+# pytorch attention, as ComfyUI picks on NVIDIA: the simulated device meters what each
+# operation allocates, and the CPU's split attention would allocate score matrices no GPU run does
+sys.argv = [sys.argv[0], "--cpu", "--disable-dynamic-vram", "--use-pytorch-cross-attention",
+            "--output-directory",
             os.path.join(ARGS.work, "output"), "--temp-directory", os.path.join(ARGS.work, "tmp")]
 
 import comfy.options  # noqa: E402
@@ -766,8 +769,10 @@ def adapter_type_facts():
     return facts
 
 
-STREAM_INVENTORY = "cuda0=6MiB"     # the tiny Flux is 6.9 MiB: it cannot sit on cuda0 whole
-SPLIT_INVENTORY = "cuda0=5MiB,cuda1=5MiB"
+# the tiny Flux is 6.9 MiB: it cannot sit on cuda0 whole; what is left beside the ring holds
+# the working memory, LoRA patch temporaries included (metered: runtime/workmeter.py)
+STREAM_INVENTORY = "cuda0=6800KiB"
+SPLIT_INVENTORY = "cuda0=6MiB,cuda1=6MiB"
 
 
 def session_facts(tag):
@@ -793,7 +798,8 @@ def session_facts(tag):
 
 
 TE_INVENTORY = "cuda0=5MiB,cuda1=1MiB"   # the tiny CLIP: 3.1 MiB, most of it the token table
-TE_PAIR_INVENTORY = "cuda0=7MiB"   # CLIP-L 3.2 MiB + T5 3.7 MiB (1.6 MiB of it in blocks)
+TE_PAIR_INVENTORY = "cuda0=16MiB"   # CLIP-L 3.2 MiB + T5 3.7 MiB (1.6 MiB of it in blocks)
+# and their working memory (T5's attention with its position bias: several MiB), metered
 
 
 def clip_calls(tag):
@@ -935,12 +941,16 @@ def te_bytes():
         if clip is not None else None
 
 
+VAE_ONE_LATENT = {}      # the working memory of decoding one latent, metered (probe below)
+
+
 def vae_budget_kib():
-    """TAESD's weights plus room for one 16x8x8 float32 latent and a half, in KiB."""
+    """TAESD's weights plus room for decoding one latent and a half (the working memory
+    the simulated device metered for one: runtime/workmeter.py), in KiB."""
     path = os.path.join(ARGS.work, "models", "vae", "tiny_taesd.safetensors")
     weights = sum(v.numel() * v.element_size()
                   for v in safetensors.torch.load_file(path).values())
-    return (weights + 6 * 1024) // 1024 + 1
+    return (weights + VAE_ONE_LATENT["bytes"] * 3 // 2) // 1024 + 1
 
 
 def vae_calls(tag):
@@ -950,8 +960,9 @@ def vae_calls(tag):
         return None
     return [{"method": c["method"], "outcome": c["outcome"],
              "peak": c["stats"]["devices"]["cuda1"]["peak_bytes"],
-             "capacity": c["stats"]["devices"]["cuda1"]["capacity_bytes"]}
-            for c in session.calls]
+             "capacity": c["stats"]["devices"]["cuda1"]["capacity_bytes"],
+             "working": c["stats"]["devices"]["cuda1"].get("working_peak_bytes", 0)}
+            for c in session.calls if c.get("stats")]
 
 
 def module_weights(model):
@@ -1225,6 +1236,14 @@ async def main():
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     # 6b. the VAE on a simulated device whose budget fits its weights and one latent, not
     # four: ComfyUI's decode runs out of memory and retries tiled (one latent per call)
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = "cuda0=6MiB,cuda1=1GiB"
+    try:                         # one latent's decode, with room to spare: what it needs
+        RESULTS["vae_probe"] = await run_prompt(executor, pipeline(
+            backend="diffusion=cpu,vae=cuda1", batch=1, tag="vae_probe", keep_placed_vae=True),
+            "vae_probe")
+        VAE_ONE_LATENT["bytes"] = max(c["working"] for c in vae_calls("vae_probe_vae"))
+    finally:
+        del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     os.environ["COMFYUI_PLACEMENT_SIMULATE"] = f"cuda0=6MiB,cuda1={vae_budget_kib()}KiB"
     try:
         RESULTS["vae_reference"] = await run_prompt(executor, pipeline(

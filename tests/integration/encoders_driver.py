@@ -184,6 +184,21 @@ TE_WAYS = ("stream_cpu", "stream_disk", "layer")
 MARGIN = 4 << 20
 
 
+def working_memory(name) -> int:
+    """The pack's own working-memory estimate for the encoder(s) (placement/metadata,
+    from the files' real widths: T5's materialised position bias and FFN), less the GPU
+    workspace a simulated device does not have. The simulated device meters what the
+    encoder really computes (runtime/workmeter.py) and refuses to go past its memory:
+    an estimate below the truth fails here."""
+    describe = pack_module("placement.metadata.describe").describe_component
+    workspace = pack_module("placement.metadata.headroom").WORKSPACE
+    paths = [encoders.te_file_path(ARGS.work, k) for k in encoders.TEXT_ENCODERS[name]["files"]]
+    info = describe("te", paths)
+    # the estimate assumes 16-bit activations, as on a GPU; ComfyUI on the CPU (the
+    # simulated device computes there) runs these encoders in float32: twice the bytes
+    return 2 * max(0, int(info.headroom_bytes) - workspace)
+
+
 def _bytes(ts):
     seen, n = set(), 0
     for t in ts:
@@ -216,7 +231,8 @@ def session_facts(obj):
     return {"session": True, "calls": [(c["method"], c["outcome"]) for c in calls],
             "mode": st.get("mode") or st.get("split_mode"), "hops": st.get("hops"),
             "streamed_blocks": st.get("streamed_blocks"), "device_check": st.get("device_check"),
-            "devices": {n: {k: d.get(k) for k in ("peak_bytes", "capacity_bytes", "h2d_bytes")}
+            "devices": {n: {k: d.get(k) for k in ("peak_bytes", "capacity_bytes", "h2d_bytes",
+                                                    "working_peak_bytes")}
                         for n, d in st.get("devices", {}).items()}}
 
 
@@ -237,7 +253,8 @@ async def te_ways(executor, name, plain_cond, clip):
         return {**out, "error": "no blocks found"}
     # an LLM's token table can be most of it: then the device is as large as the model,
     # and its blocks still stream
-    margin = MARGIN + total // 4
+    margin = MARGIN + total // 4 + working_memory(name)
+    out["working_memory_estimate"] = margin - MARGIN - total // 4
     stream = nonblock + 3 * max(sizes) + margin
     share = 0.6 * sum(sizes) + margin
     single = len(encoders.TEXT_ENCODERS[name]["files"]) == 1

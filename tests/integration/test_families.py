@@ -77,8 +77,10 @@ def test_unet_families_really_split_and_stream(results):
         assert ways["row"]["facts"]["sharded_linears"], (key, ways["row"]["facts"])
         # every streamed block arrived: the ledger peak is the resident part plus the ring
         stream = ways["stream_cpu"]["facts"]
-        planned, measured = stream["planned"]["cuda0"], stream["measured"]["cuda0"]["peak_bytes"]
-        assert planned <= measured <= planned * 1.1 + (1 << 20), (key, stream)
+        dev = stream["measured"]["cuda0"]
+        planned, measured = stream["planned"]["cuda0"], dev["peak_bytes"]
+        assert planned <= measured <= planned * 1.1 + dev["working_peak_bytes"] + (1 << 20), \
+            (key, stream)
         # ComfyUI's UNet never calls its blocks' own forward: they were entered through
         # their layers, and every one of them (the runtime learned that on the first step)
         assert stream["entered_by_units"] == stream["streamed_blocks"], (key, stream)
@@ -86,11 +88,28 @@ def test_unet_families_really_split_and_stream(results):
 
 def test_streamed_plans_match_the_ledger(results):
     """An explicit streaming plan's device bytes are the runtime's (the ring included):
-    the ledger's peak is that plus the activations, which the tiny latents keep small."""
+    the ledger's peak is that plus the working memory the simulated device metered (every
+    tensor the forward computed, alive: runtime/workmeter.py) and the forward's inputs."""
     for key in RUN:
         stream = results[key]["ways"]["stream_cpu"]["facts"]
-        planned, measured = stream["planned"]["cuda0"], stream["measured"]["cuda0"]["peak_bytes"]
-        assert planned <= measured <= planned + max(planned // 10, 3 << 20), (key, stream)
+        dev = stream["measured"]["cuda0"]
+        planned, measured = stream["planned"]["cuda0"], dev["peak_bytes"]
+        assert dev["working_peak_bytes"] > 0, (key, dev)
+        assert planned <= measured \
+            <= planned + dev["working_peak_bytes"] + max(planned // 10, 3 << 20), (key, stream)
+
+
+@pytest.mark.parametrize("key", RUN)
+def test_working_memory_metered_on_every_device(results, key):
+    """Each placed way charged working memory to every device that computed (a layer
+    split's second device included), and stayed within that device's memory."""
+    for way in WAYS:
+        facts = results[key]["ways"][way]["facts"]
+        if not facts["session"]:
+            continue
+        for name, dev in facts["measured"].items():
+            assert dev["working_peak_bytes"] > 0, (key, way, name, dev)
+            assert dev["peak_bytes"] <= dev["capacity_bytes"], (key, way, name, dev)
 
 
 # full width: 2-4 GB files each (Chroma and Qwen-Image at the smallest size detection

@@ -254,7 +254,7 @@ def test_unet_vae_te_headroom(write):
     vae, = describe(write("v.safetensors", tf.vae(ch=128)), resolution=(1024, 1024))
     assert vae.headroom_bytes == hr.WORKSPACE + 17 * 128 * 1024 * 1024 * 2
     te, = describe(write("t.safetensors", tf.t5(hidden=256, ffn=512)))
-    assert te.headroom_bytes == hr.WORKSPACE + 512 * (8 * 256 + 3 * 512) * 2 + 4 * 512 * 512 * 8
+    assert te.headroom_bytes == hr.WORKSPACE + 512 * (8 * 256 + 4 * 512) * 2 + 4 * 512 * 512 * 8
 
 
 def test_headroom_override(write):

@@ -282,7 +282,7 @@ def test_gguf_text_encoder_with_llama_cpp_names(tmp_path):
     per_block = (2 * 64 * 64 + 2 * 160 * 64) // 32 * 34
     assert info.blocks[1].nbytes == per_block
     assert info.blocks[0].nbytes == per_block + 32 * 8 * 2
-    assert "t5: 512 tokens x (8 x 64 + 3 x 160)" in info.headroom_basis
+    assert "t5: 512 tokens x (8 x 64 + 4 x 160)" in info.headroom_basis
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -6,6 +6,11 @@ from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
 
 
+# room for what a tiny test model computes on a device per forward (metered by the
+# simulated device, runtime/workmeter.py: at most 52 KiB for these models)
+WORK = 96 << 10
+
+
 def _flux():
     from diffusers import FluxTransformer2DModel
     m = FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=2, num_single_layers=3,

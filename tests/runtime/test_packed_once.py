@@ -4,6 +4,8 @@ flags; streamed blocks are packed into host memory once and reused by the next
 placement; the store follows the placement (issue 8, items 3 and 4)."""
 import torch
 
+from conftest import WORK
+
 from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
 from comfyui_placement.runtime.blocks import find_blocks
@@ -33,7 +35,7 @@ def hooks(model):
 def run_placed(model, inp, plan, inventory, store, run_model):
     shadow = Shadow(model)
     with place(shadow.module, plan, "diffusion", inventory, host_store=store,
-               repoint=shadow.repoint) as placed:
+               repoint=shadow.repoint, headroom_bytes=WORK) as placed:
         outs = [run_model(shadow.module, inp) for _ in range(2)]
     return outs, placed.stats()
 
@@ -124,7 +126,7 @@ def test_layer_split_streams_from_the_kept_copy(tiny, run_model):
     model, inp = inference_model(tiny)
     ref = run_model(model, inp)
     sizes = block_bytes(model)
-    budget = sizes[1] + 2 * max(sizes[2:]) + 16 * 1024     # cuda1 streams part of its range
+    budget = sizes[1] + 2 * max(sizes[2:]) + 16 * 1024 + WORK   # cuda1 streams part of its range
     devices = [DevicePlan(n, "gpu", 256 << 20, 256 << 20, b)
                for n, b in (("cuda0", 4 << 20), ("cuda1", budget))]
     plan = Plan(devices, {"diffusion": ComponentPlan(

@@ -5,6 +5,8 @@ range exceeds its budget, exact restore (also after an out-of-memory)."""
 import pytest
 import torch
 
+from conftest import WORK
+
 from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.errors import PlacementError
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
@@ -152,11 +154,12 @@ def test_stream_part_of_a_range_that_exceeds_its_budget(tiny, run_model):
     sizes = [sum(t.numel() * t.element_size() for t in list(b.parameters()) + list(b.buffers()))
              for _, b in find_blocks(model)]
     range_bytes = sum(sizes[1:])
-    budget = sizes[1] + 2 * max(sizes[2:]) + 16 * 1024   # below the range's bytes
-    assert budget < range_bytes
-    plan = split_plan(["cuda0", "cuda1"], [4 << 20, budget], params="cpu", stream=(0, 1),
+    room = sizes[1] + 2 * max(sizes[2:]) + 16 * 1024     # below the range's bytes
+    assert room < range_bytes
+    plan = split_plan(["cuda0", "cuda1"], [4 << 20, room + WORK], params="cpu", stream=(0, 1),
                       blocks={"cuda0": [0, 0], "cuda1": [1, 4]})
-    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY),
+                     headroom_bytes=WORK) as placed:
         outs = [run_model(model, inp) for _ in range(3)]
         s = placed.stats()
     for out in outs:
@@ -237,14 +240,15 @@ def test_out_of_memory_mid_forward_restores_and_rerun_is_correct(tiny, run_model
     big = dict(inp, hidden_states=torch.randn(1, 4096, 8), img_ids=torch.zeros(4096, 3))
     sizes = [sum(p.numel() * p.element_size() for p in b.parameters())
              for _, b in find_blocks(model)]
-    plan = split_plan(["cuda0", "cuda1"], [8 << 20, sum(sizes[1:]) + 32 * 1024],
+    plan = split_plan(["cuda0", "cuda1"], [8 << 20, sum(sizes[1:]) + WORK],
                       blocks={"cuda0": [0, 0], "cuda1": [1, 4]})
     inv = Inventory.simulated(INVENTORY)
+    # the big latent's working memory does not fit beside the weights (metered)
     with pytest.raises(torch.OutOfMemoryError, match="cuda1: out of memory"):
-        with place_split(model, plan, "diffusion", inv):
+        with place_split(model, plan, "diffusion", inv, headroom_bytes=WORK):
             run_model(model, big)
     assert_restored(model, snap)
-    with place_split(model, plan, "diffusion", inv):
+    with place_split(model, plan, "diffusion", inv, headroom_bytes=WORK):
         assert torch.equal(run_model(model, inp), ref)
     assert_restored(model, snap)
 
@@ -361,12 +365,13 @@ def test_two_devices_stream_their_ranges(depth):
     with torch.no_grad():
         ref = model(ids)
     size = sum(p.numel() * 4 for p in model.block[1].parameters())
-    budget = (depth + 1) * size + 8 * 1024     # the ring and activations, not 4 blocks
-    assert budget < 4 * size
-    plan = split_plan(["cuda0", "cuda1", "cuda2"], [8 << 20, budget, budget], params="cpu",
-                      stream=(0, depth),
+    room = (depth + 1) * size + 8 * 1024     # the ring and activations, not 4 blocks
+    assert room < 4 * size
+    plan = split_plan(["cuda0", "cuda1", "cuda2"], [8 << 20] + [room + WORK] * 2,
+                      params="cpu", stream=(0, depth),
                       blocks={"cuda0": [0, 3], "cuda1": [4, 7], "cuda2": [8, 11]})
-    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
+    with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY),
+                     headroom_bytes=WORK) as placed:
         for _ in range(2):
             with torch.no_grad():
                 assert torch.equal(model(ids), ref)
@@ -411,10 +416,10 @@ def test_disk_params_on_a_meta_module(stream, tiny, run_model, tmp_path):
              for _, b in find_blocks(model)]
     cuda1 = sum(sizes[1:]) + 64 * 1024 if stream is None else sizes[1] + 2 * max(sizes[2:]) \
         + 16 * 1024
-    plan = split_plan(["cuda0", "cuda1"], [4 << 20, cuda1], params="disk", stream=stream,
-                      blocks={"cuda0": [0, 0], "cuda1": [1, 4]})
+    plan = split_plan(["cuda0", "cuda1"], [4 << 20, cuda1 + WORK], params="disk",
+                      stream=stream, blocks={"cuda0": [0, 0], "cuda1": [1, 4]})
     with place_split(empty, plan, "diffusion", Inventory.simulated(INVENTORY),
-                     weights_file=str(path)) as placed:
+                     weights_file=str(path), headroom_bytes=WORK) as placed:
         for _ in range(2):
             assert torch.equal(run_model(empty, inp), ref)
         s = placed.stats()

@@ -1,0 +1,88 @@
+"""Working memory measured on a simulated device: the bytes of every tensor a placed
+forward computes, alive now, charged to the device that computed it.
+
+A GPU allocates each operation's output on the device the operation runs on; a simulated
+device computes in host memory, so without this its ledger would see the weights and the
+block inputs only, and a plan whose working-memory estimate is too small would pass here
+and fail on a card. The device check's dispatch mode (simcheck.py) hands each operation's
+outputs here: a storage that is not one of the operation's inputs is new memory, charged
+to the device the running block belongs to (`set_device`, per thread: pipelined shares
+compute at once), and given back when torch frees that storage (a finalizer on the
+storage itself, so views keep it alive exactly as they keep GPU memory alive). Going past
+the device's capacity raises torch.OutOfMemoryError there, as a GPU would.
+
+What it does not see: workspaces inside a kernel (cuBLAS, flash attention) and the
+caching allocator's rounding; the planner adds those per device kind
+(placement/metadata/headroom.py)."""
+import threading
+import weakref
+from typing import List, Sequence
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+
+def storage_key(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):   # a tensor subclass without storage
+        return 0
+
+
+class WorkMeter:
+    def __init__(self, ledgers: Sequence):
+        self.ledgers = list(ledgers)
+        self.live: List[int] = [0] * len(self.ledgers)
+        self._owner = {}                 # storage data_ptr -> (device, bytes)
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    # -- which device computes now (this thread) --------------------------------------
+    def set_device(self, d: int) -> None:
+        self._local.device = d
+
+    @property
+    def device(self) -> int:
+        return getattr(self._local, "device", 0)
+
+    # -- what the dispatch mode reports -------------------------------------------------
+    def produced(self, out, input_keys) -> None:
+        """`out`: an operation's result; input_keys: storage keys of its tensor inputs
+        (an in-place operation or a view returns one of them: no new memory)."""
+        d = self.device
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.is_meta:
+                continue
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+            if nbytes == 0 or key in input_keys:
+                continue
+            with self._lock:
+                if key in self._owner:
+                    continue
+                self._owner[key] = (d, nbytes)
+                self.live[d] += nbytes
+                live = self.live[d]
+            weakref.finalize(storage, self._freed, key)
+            self.ledgers[d].set_working(live, f"{tuple(t.shape)} {t.dtype} computed there")
+
+    def _freed(self, key: int) -> None:
+        with self._lock:
+            hit = self._owner.pop(key, None)
+            if hit is None:
+                return
+            d, nbytes = hit
+            self.live[d] -= nbytes
+            live = self.live[d]
+        self.ledgers[d].set_working(live)
+
+    def forget(self) -> None:
+        """At teardown: what is still alive stays the caller's (an output it keeps)."""
+        with self._lock:
+            self._owner.clear()
+            self.live = [0] * len(self.ledgers)
+        for ledger in self.ledgers:
+            ledger.set_working(0)
