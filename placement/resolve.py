@@ -349,12 +349,36 @@ def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,
     for dev in devices:
         if dev.kind == "cpu" and (host or read):
             per_phase[dev.name] = {p: host + b for p, b in read.items()} or {"session": host}
+    # the working memory each component needs where it computes (its estimate, GPU
+    # workspace included): an explicit plan reserves none, so say when it has no room
+    work: Dict[str, Dict[str, tuple]] = {}
+    for cp in comps.values():
+        info = infos.get(cp.component)
+        if not cp.present or info is None or info.headroom_bytes is None:
+            continue
+        for d in cp.runtime:
+            if d in by_name and by_name[d].kind != "cpu":
+                phase = PHASES[cp.component]
+                if int(info.headroom_bytes) > work.get(d, {}).get(phase, (0, ""))[0]:
+                    work.setdefault(d, {})[phase] = (int(info.headroom_bytes), cp.component)
     for name, phases in per_phase.items():
         dev = by_name[name]
         dev.planned_bytes = max(phases.values())
         limit = dev.budget_bytes if dev.budget_bytes is not None else dev.free_bytes
+        what = 'budget' if dev.budget_bytes is not None else 'free memory'
         if dev.planned_bytes > limit:
             warnings.append(f"{name}: plan needs {format_bytes(dev.planned_bytes)} but the "
-                            f"{'budget' if dev.budget_bytes is not None else 'free memory'} "
-                            f"is {format_bytes(limit)}; turn on auto_fit or stream_layers")
+                            f"{what} is {format_bytes(limit)}; turn on auto_fit or "
+                            f"stream_layers")
+            continue
+        short = [(phases.get(p, 0) + w, p, c) for p, (w, c) in work.get(name, {}).items()
+                 if phases.get(p, 0) + w > limit]
+        if short:
+            need, phase, comp = max(short)
+            warnings.append(f"{name}: plan needs {format_bytes(phases.get(phase, 0))} of "
+                            f"weights and about {format_bytes(need - phases.get(phase, 0))} "
+                            f"of working memory for {comp} ({format_bytes(need)}), but the "
+                            f"{what} is {format_bytes(limit)}; an explicit plan reserves "
+                            f"no working memory: turn on auto_fit, stream_layers, or leave "
+                            f"room on {name}")
     return per_phase

@@ -14,6 +14,7 @@ the device's capacity raises torch.OutOfMemoryError there, as a GPU would.
 What it does not see: workspaces inside a kernel (cuBLAS, flash attention) and the
 caching allocator's rounding; the planner adds those per device kind
 (placement/metadata/headroom.py)."""
+import collections
 import threading
 import weakref
 from typing import List, Sequence
@@ -34,6 +35,10 @@ class WorkMeter:
         self.ledgers = list(ledgers)
         self.live: List[int] = [0] * len(self.ledgers)
         self._owner = {}                 # storage data_ptr -> (device, bytes)
+        # storages freed, not yet subtracted: a finalizer may run inside any allocation
+        # (the cyclic GC), even one made while a lock here or in a ledger is held, so it
+        # only appends (atomic); the next operation settles them before it counts its own
+        self._freed_keys = collections.deque()
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -50,6 +55,7 @@ class WorkMeter:
         """`out`: an operation's result; input_keys: storage keys of its tensor inputs
         (an in-place operation or a view returns one of them: no new memory)."""
         d = self.device
+        self.settle()
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor) or t.is_meta:
                 continue
@@ -66,23 +72,27 @@ class WorkMeter:
                 self._owner[key] = (d, nbytes)
                 self.live[d] += nbytes
                 live = self.live[d]
-            weakref.finalize(storage, self._freed, key)
+            weakref.finalize(storage, self._freed_keys.append, key)
             self.ledgers[d].set_working(live, f"{tuple(t.shape)} {t.dtype} computed there")
 
-    def _freed(self, key: int) -> None:
+    def settle(self) -> None:
+        """Subtract the storages freed since the last operation."""
+        touched = set()
         with self._lock:
-            hit = self._owner.pop(key, None)
-            if hit is None:
-                return
-            d, nbytes = hit
-            self.live[d] -= nbytes
-            live = self.live[d]
-        self.ledgers[d].set_working(live)
+            while self._freed_keys:
+                hit = self._owner.pop(self._freed_keys.popleft(), None)
+                if hit is not None:
+                    self.live[hit[0]] -= hit[1]
+                    touched.add(hit[0])
+            lives = {d: self.live[d] for d in touched}
+        for d, live in lives.items():
+            self.ledgers[d].set_working(live)
 
     def forget(self) -> None:
         """At teardown: what is still alive stays the caller's (an output it keeps)."""
         with self._lock:
             self._owner.clear()
+            self._freed_keys.clear()
             self.live = [0] * len(self.ledgers)
         for ledger in self.ledgers:
             ledger.set_working(0)

@@ -102,10 +102,12 @@ class Family:
         os.replace(tmp, path)
         return self.filename
 
-    def conditioning(self, seed=0):
-        """[[cross_attn, extras]] for one prompt (batch 1), seeded."""
+    def conditioning(self, seed=0, tokens=None):
+        """[[cross_attn, extras]] for one prompt (batch 1), seeded; `tokens` replaces the
+        prompt's length (the length the family's real text encoders produce)."""
         g = torch.Generator().manual_seed(seed)
-        tokens, width = self.context
+        length, width = self.context
+        tokens = tokens or length
         cross = torch.randn(1, tokens, width, generator=g)
         extras = {}
         for name, spec in self.extras.items():

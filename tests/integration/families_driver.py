@@ -52,6 +52,8 @@ def parse_args():
     ap.add_argument("--latent-scale", type=int, default=1,
                     help="multiply the latent's height and width (working memory at a second "
                          "size: the working-memory model's growth)")
+    ap.add_argument("--text-tokens", type=int, default=0,
+                    help="the prompt's length in tokens for every family (default: its own)")
     ap.add_argument("--simulate", default="",
                     help="COMFYUI_PLACEMENT_SIMULATE inventory for the placed runs "
                          "(e.g. cuda0=1MiB), or auto:F for one device of F x each "
@@ -100,7 +102,7 @@ class FamilyTestConditioning:
     CATEGORY = "testing"
 
     def run(self, family, seed):
-        return (FAMILIES[family].conditioning(seed),)
+        return (FAMILIES[family].conditioning(seed, ARGS.text_tokens or None),)
 
 
 class FamilyTestLatent:
@@ -558,6 +560,12 @@ def way_facts(tag):
             "device_check": stats.get("device_check"),
             "entered_by_units": stats.get("blocks_entered_by_units"),
             "sharded_linears": stats.get("sharded_linears"),
+            # auto-fit's working-memory estimate for the diffusion model (GPU workspace
+            # included), beside what the simulated device metered
+            "headroom_bytes": (((plan.get("fit") or {}).get("components") or {})
+                               .get("diffusion") or {}).get("headroom_bytes"),
+            "headroom_basis": next((r for r in comp.get("reasons") or []
+                                    if "working memory" in r), None),
             "warnings": plan.get("warnings"), "reasons": comp.get("reasons")}
 
 
