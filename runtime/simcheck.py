@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..placement.errors import PlacementError
-from .workmeter import WorkMeter
+from .workmeter import WorkMeter, storage_key
 
 aten = torch.ops.aten
 _ALLOWED = {aten.copy_.default, aten.empty_like.default, aten.zeros_like.default,
@@ -46,13 +46,6 @@ class DeviceMismatch(PlacementError):
     """A computation read a weight resting off its compute device (a GPU would refuse)."""
 
 
-def _storage_ptr(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):   # a tensor subclass without storage
-        return 0
-
-
 class _Mode(TorchDispatchMode):
     def __init__(self, check: "ForwardCheck"):
         super().__init__()
@@ -64,8 +57,8 @@ class _Mode(TorchDispatchMode):
         watched, meter = check.watched, check.meter
         if not watched and meter is None:
             return func(*args, **kwargs)
-        keys = {_storage_ptr(a) for a in tree_flatten((args, kwargs))[0]
-                if isinstance(a, torch.Tensor) and not a.is_meta}
+        keys = {storage_key(a) for a in tree_flatten((args, kwargs))[0]
+                if isinstance(a, torch.Tensor)}
         if watched and func not in _ALLOWED and not func.is_view:
             for key in keys:
                 hit = watched.get(key)
@@ -107,7 +100,7 @@ class ForwardCheck:
                         ledger.metered = False
                     self.meter = None
                 return
-            ptr = _storage_ptr(t)
+            ptr = storage_key(t)
             if ptr:
                 watched.setdefault(ptr, name)
         self.watched = watched

@@ -24,17 +24,30 @@ from torch.utils._pytree import tree_flatten
 
 
 def storage_key(t: torch.Tensor) -> int:
+    """Which storage `t` views: its address, or on the meta device (no addresses) the
+    storage object's identity (torch keeps one Python object per live storage)."""
     try:
-        return t.untyped_storage().data_ptr()
+        storage = t.untyped_storage()
     except (RuntimeError, NotImplementedError):   # a tensor subclass without storage
         return 0
+    return id(storage) if t.is_meta else storage.data_ptr()
+
+
+class Tally:
+    """A ledger stand-in with no capacity: the peak alone (rehearse.py)."""
+
+    def __init__(self):
+        self.peak_bytes = 0
+
+    def set_working(self, nbytes: int, what: str = "") -> None:
+        self.peak_bytes = max(self.peak_bytes, nbytes)
 
 
 class WorkMeter:
     def __init__(self, ledgers: Sequence):
         self.ledgers = list(ledgers)
         self.live: List[int] = [0] * len(self.ledgers)
-        self._owner = {}                 # storage data_ptr -> (device, bytes)
+        self._owner = {}                 # storage_key -> (device, bytes)
         # storages freed, not yet subtracted: a finalizer may run inside any allocation
         # (the cyclic GC), even one made while a lock here or in a ledger is held, so it
         # only appends (atomic); the next operation settles them before it counts its own
@@ -57,13 +70,13 @@ class WorkMeter:
         d = self.device
         self.settle()
         for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.is_meta:
+            if not isinstance(t, torch.Tensor):
                 continue
             try:
                 storage = t.untyped_storage()
             except (RuntimeError, NotImplementedError):
                 continue
-            key, nbytes = storage.data_ptr(), storage.nbytes()
+            key, nbytes = storage_key(t), storage.nbytes()
             if nbytes == 0 or key in input_keys:
                 continue
             with self._lock:

@@ -1,0 +1,61 @@
+"""Working memory by rehearsal on the meta device (runtime/rehearse.py): the same figure
+the simulated device meters on a real run, from shapes alone."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from comfyui_placement.placement.devices import Inventory
+from comfyui_placement.runtime import place
+from comfyui_placement.runtime.rehearse import rehearse
+
+
+@pytest.mark.parametrize("arch", ["flux", "flux256", "sd3", "unet", "wan"])
+def test_rehearsal_equals_the_metered_run(arch, tiny, run_model, plan_for):
+    model, inp = tiny(arch)
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    rehearsed = rehearse(model, (), inp)
+    assert all(torch.equal(t, before[n]) for n, t in model.state_dict().items())
+    inv = Inventory.simulated("cuda0=256MiB")
+    with place(model, plan_for("cpu", stream=(0, 1), budget=64 << 20), "diffusion", inv) as p:
+        run_model(model, inp)
+        metered = p.stats()["devices"]["cuda0"]["working_peak_bytes"]
+    assert rehearsed == metered > 0
+
+
+class Attend(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v) * 2
+
+
+def test_attention_counts_as_a_fused_kernel():
+    """The output and what follows it, never the L x L scores a reference would build."""
+    q = torch.empty(1, 4, 2048, 64)
+    peak = rehearse(Attend(), (q, q, q))
+    out = q.numel() * 4
+    assert peak == 2 * out < 4 * 2048 * 2048 * 4
+
+
+def test_a_full_size_model_on_meta_grows_with_its_tokens():
+    """diffusers' Flux at its real widths, never materialised: 4x the image tokens costs
+    more, and at least the hidden states of every token."""
+    from diffusers import FluxTransformer2DModel
+    with torch.device("meta"):
+        m = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2,
+                                   num_single_layers=2, attention_head_dim=128,
+                                   num_attention_heads=24, joint_attention_dim=4096,
+                                   pooled_projection_dim=768, guidance_embeds=True,
+                                   axes_dims_rope=(16, 56, 56)).to(torch.bfloat16)
+
+    def peak(side, txt=512):
+        n = (side // 16) ** 2
+        bf = dict(dtype=torch.bfloat16, device="meta")
+        return rehearse(m, (), dict(
+            hidden_states=torch.empty(1, n, 64, **bf),
+            encoder_hidden_states=torch.empty(1, txt, 4096, **bf),
+            pooled_projections=torch.empty(1, 768, **bf), timestep=torch.empty(1, **bf),
+            guidance=torch.empty(1, **bf), img_ids=torch.zeros(n, 3, device="meta"),
+            txt_ids=torch.zeros(txt, 3, device="meta"), return_dict=False))
+    small, large = peak(512), peak(1024)
+    assert small >= (1024 + 512) * 3072 * 2
+    assert 2.0 < large / small < 4.0
