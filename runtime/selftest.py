@@ -5,7 +5,8 @@ against the link's nominal peak; one sampling step of a Flux-sized block stack (
 weights, hidden 3072, double and single blocks at Flux.1's real sizes, bf16, 1024x1024
 tokens) all-resident, streamed by the pack's engine, cast per layer on use (ComfyUI
 core's low-VRAM style) and under diffusers' block-level group offloading with
-use_stream=True, side by side; a layer split over all GPUs present.
+use_stream=True, side by side; a layer split over all GPUs present; one step's working
+memory rehearsed on the meta device (rehearse.py) beside the CUDA allocator's peak.
 Without CUDA: the same comparisons at a scale this CPU runs in seconds, on a simulated
 device whose modelled link moves a block in about the time one computes.
 
@@ -34,6 +35,7 @@ from ..placement.devices import Inventory
 from ..placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
 from ..placement.units import format_bytes
 from .place import place
+from .rehearse import rehearse
 from .simdevice import Link
 
 PACK = Path(__file__).resolve().parents[1]
@@ -427,6 +429,27 @@ def stream_comparison(shape: Shape, dtype, device, inventory, device_name: str,
             "floor_s": max(t_res, transfer_s), "rows": rows}
 
 
+def working_memory(shape: Shape, dtype, device) -> dict:
+    """One resident step's working memory: rehearsed on the meta device (rehearse.py,
+    what the simulated device meters) beside, on CUDA, the caching allocator's peak above
+    what was allocated before the step (weights and inputs): the gap is what the
+    planner's workspace reserve must cover."""
+    model = build_stack(shape, dtype, device)
+    x, vec = stack_inputs(shape, dtype, device)
+    out = {"rehearsed_bytes": rehearse(model, (x, vec))}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        model(x, vec)                      # its output counts in the peak, then goes
+        torch.cuda.synchronize(device)
+        out["allocator_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
+        out["reserved_peak_bytes"] = torch.cuda.max_memory_reserved(device)
+    del model
+    gc.collect()
+    return out
+
+
 def copy_to_cpu(model: nn.Module) -> nn.Module:
     """An independent copy of `model` whose weights rest in host memory (on CUDA, a
     second device copy exists for a moment)."""
@@ -473,6 +496,7 @@ def run_selftest(json_path: Optional[str] = None, reps: int = 5,
                                              None, bw["pinned"], reps)
         report["layer_split"] = layer_split(inventory, gpus, device, FLUX, torch.bfloat16,
                                             reps)
+        report["working_memory"] = working_memory(FLUX, torch.bfloat16, device)
     else:
         # the CPU part: a simulated device whose link moves a block in about the time
         # one computes (transfer at compute: the hardest case for overlap)
@@ -490,6 +514,7 @@ def run_selftest(json_path: Optional[str] = None, reps: int = 5,
                                              link, link.bandwidth, reps)
         report["layer_split"] = layer_split(inventory, ["cuda0", "cuda1"], device, shape,
                                             torch.float32, reps)
+        report["working_memory"] = working_memory(shape, torch.float32, device)
     print(format_report(report))
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2))
@@ -543,4 +568,12 @@ def format_report(r: dict) -> str:
         lines.append(f"layer split over {'&'.join(ls['devices'])}: {ls['step_s'] * 1e3:.1f} ms "
                      f"per step, {ls['hops']} hops, {format_bytes(ls['hop_bytes'])} hopped, "
                      f"max |diff| / max |ref| vs one device {ls['max_rel_diff']:.2g}")
+    wm = r.get("working_memory")
+    if wm:
+        line = f"working memory of one step: rehearsed on meta {format_bytes(wm['rehearsed_bytes'])}"
+        if "allocator_peak_bytes" in wm:
+            line += (f", CUDA allocator peak above the weights "
+                     f"{format_bytes(wm['allocator_peak_bytes'])} "
+                     f"({wm['allocator_peak_bytes'] / max(1, wm['rehearsed_bytes']):.2f}x)")
+        lines.append(line)
     return "\n".join(lines)
