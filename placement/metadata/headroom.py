@@ -52,6 +52,9 @@ DIT = {
     "hunyuan_video": DiT(28, 16, 4, 256, 1), "qwen_image": DiT(28, 16, 0, 1024, 2),
     "z_image": DiT(32, 16, 0, 512, 2), "lumina2": DiT(32, 16, 0, 512, 2),
     "wan": DiT(24, 16, 4, 512, 2), "ltxv": DiT(32, 32, 8, 256, 2),
+    # Kandinsky 5: HunyuanVideo's VAE (8x, 4x in time), patch 2, Qwen2.5-VL text; its
+    # constant by kinship with HunyuanVideo's (not calibrated: docs/metadata.md)
+    "kandinsky5": DiT(28, 16, 4, 256, 2),
     "dit": DiT(44, 16, 0, 512, 2),
 }
 UNETS = {"sd1_unet", "sd2_unet", "sdxl_unet"}

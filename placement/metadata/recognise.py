@@ -137,6 +137,8 @@ def _diffusion(tops, names, has_prefix):
         return R("hidream")
     if "double_layers" in tops:
         return R("auraflow")
+    if "visual_transformer_blocks" in tops and "text_transformer_blocks" in tops:
+        return R("kandinsky5")
     if "input_blocks" in tops and "output_blocks" in tops:
         if "label_emb" in tops:
             return R("sdxl_unet")
