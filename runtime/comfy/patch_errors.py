@@ -9,10 +9,17 @@ meter found exactly that). While a placed component runs, a filter on the root l
 such a record back into the exception being handled, with a note naming the patch."""
 import contextlib
 import logging
+import os
 import re
 import sys
 
 _ADAPTER_ERROR = re.compile(r"^ERROR (\S+) (\S+) ")
+
+
+def _from_adapter(path: str) -> bool:
+    """Logged by ComfyUI's weight adapters (comfy/weight_adapter/*.py) or comfy/lora.py."""
+    parts = os.path.normpath(path or "").split(os.sep)
+    return "weight_adapter" in parts[-2:-1] or parts[-2:] == ["comfy", "lora.py"]
 
 
 class _RaisePatchErrors(logging.Filter):
@@ -21,7 +28,7 @@ class _RaisePatchErrors(logging.Filter):
         self.component = component
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
+        if record.levelno < logging.ERROR or not _from_adapter(record.pathname):
             return True
         exc = sys.exc_info()[1]
         hit = _ADAPTER_ERROR.match(record.getMessage()) if exc is not None else None
