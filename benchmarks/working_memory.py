@@ -12,7 +12,7 @@ every family; above 1 the plan reserves too much (slower), below 1 too little (a
 out-of-memory error on a card).
 
 Models: diffusers' transformers with their published configs (Flux.1-dev, SD3.5-medium
-sized, Wan 2.1 14B sized), built on the meta device (no weights), bf16, batch 1, the
+sized, Wan 2.1 14B sized, HunyuanVideo 13B), built on the meta device (no weights), bf16, batch 1, the
 architecture's usual prompt length; the estimate is asked for the same shapes (its CFG
 batch set to 1, as this forward runs one). ComfyUI's own classes are the next step
 (they need a ComfyUI checkout and its inputs per family).
@@ -79,6 +79,21 @@ def wan():
     return m, inputs, ("wan", 5120, 512, 1)
 
 
+def hunyuan_video():
+    from diffusers import HunyuanVideoTransformer3DModel
+    with torch.device("meta"):
+        m = HunyuanVideoTransformer3DModel().to(torch.bfloat16)
+
+    def inputs(side, txt=256, frames=9):
+        return dict(hidden_states=torch.empty(1, 16, frames, side // 8, side // 8, **BF16),
+                    timestep=torch.empty(1, **BF16),
+                    encoder_hidden_states=torch.empty(1, txt, 4096, **BF16),
+                    encoder_attention_mask=torch.ones(1, txt, device="meta"),
+                    pooled_projections=torch.empty(1, 768, **BF16),
+                    guidance=torch.empty(1, **BF16), return_dict=False)
+    return m, inputs, ("hunyuan_video", 3072, 256, 1)
+
+
 def estimate(arch, hidden, text, side, frames=1):
     """headroom.dit for one forward of batch 1 (CFG 1), less its GPU workspace."""
     p = hr.DIT[arch]
@@ -94,20 +109,21 @@ def estimate(arch, hidden, text, side, frames=1):
 def main():
     print("working memory of one forward, bf16, batch 1 (MiB): the planner's estimate "
           "less its GPU workspace vs a rehearsal on meta")
-    print(f"{'model':<10}{'size':>7}{'rehearsed':>12}{'estimate':>12}{'est/reh':>9}{'s':>7}")
-    for build in (flux, sd3, wan):
+    print(f"{'model':<14}{'size':>7}{'rehearsed':>12}{'estimate':>12}{'est/reh':>9}{'s':>7}")
+    for build in (flux, sd3, wan, hunyuan_video):
         try:
             m, inputs, (arch, hidden, text, cfg) = build()
         except Exception as exc:          # noqa: BLE001  (a diffusers without the class)
             print(f"{build.__name__:<10} skipped: {type(exc).__name__}: {exc}")
             continue
-        frames = 81 if arch == "wan" else 1      # Wan: 21 latent frames = 81 video frames
-        for side in (512, 1024) if arch != "wan" else (480, 720):
+        # video latents: Wan 21 frames = 81 video frames, HunyuanVideo 9 = 33
+        frames = {"wan": 81, "hunyuan_video": 33}.get(arch, 1)
+        for side in (480, 720) if arch == "wan" else (512, 720) if frames > 1 else (512, 1024):
             t0 = time.perf_counter()
             got = rehearse(m, (), inputs(side))
             took = time.perf_counter() - t0
             est = estimate(arch, hidden, text, side, frames)
-            print(f"{arch:<10}{side:>7}{got / MiB:>12.0f}{est / MiB:>12.0f}"
+            print(f"{arch:<14}{side:>7}{got / MiB:>12.0f}{est / MiB:>12.0f}"
                   f"{est / got:>9.2f}{took:>7.1f}")
 
 
