@@ -54,12 +54,20 @@ class Ledger:
             self.held[category] -= nbytes
             assert self.held[category] >= 0, (category, self.held[category])
 
+    def set_inputs(self, nbytes: int) -> None:
+        """The forward's inputs now live on the device: made before it ran, so a meter
+        never sees them, and counted here either way."""
+        self._set_activations(nbytes, "forward inputs")
+
     def set_activations(self, nbytes: int, what: str = "activations") -> None:
-        """The activations now live on the device (replaces the previous figure). Where
-        the working memory is metered, only the forward's inputs (made before it ran,
-        so the meter never saw them) are set here."""
-        if self.metered and what != "forward inputs":
-            nbytes = 0 if nbytes == 0 else self.held["activations"]
+        """The runtime's estimate of the activations now live on the device (replaces the
+        previous figure). Where a meter measures the working memory, the estimate gives
+        way: only a reset to 0 (the forward ended) is taken."""
+        if self.metered and nbytes:
+            return
+        self._set_activations(nbytes, what)
+
+    def _set_activations(self, nbytes: int, what: str) -> None:
         if nbytes == self.held["activations"]:
             return
         with self._lock:

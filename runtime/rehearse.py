@@ -17,9 +17,9 @@ from typing import Any, Dict, Tuple
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
-from .workmeter import Tally, WorkMeter, storage_key
+from .workmeter import MeterMode, Tally, WorkMeter
 
 
 class _FusedAttention(TorchFunctionMode):
@@ -34,20 +34,6 @@ class _FusedAttention(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class _Metered(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self, meter: WorkMeter):
-        super().__init__()
-        self.meter = meter
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        keys = {storage_key(a) for a in tree_flatten((args, kwargs))[0]
-                if isinstance(a, torch.Tensor)}
-        out = func(*args, **kwargs)
-        self.meter.produced(out, keys)
-        return out
-
-
 def _meta(x):
     return torch.empty_like(x, device="meta") if isinstance(x, torch.Tensor) else x
 
@@ -59,6 +45,6 @@ def rehearse(module: torch.nn.Module, args: Tuple = (), kwargs: Dict[str, Any] =
     margs, mkwargs = tree_map(_meta, tuple(args)), tree_map(_meta, dict(kwargs or {}))
     tally = Tally()
     meter = WorkMeter([tally])
-    with torch.no_grad(), _FusedAttention(), _Metered(meter):
+    with torch.no_grad(), _FusedAttention(), MeterMode(meter):
         torch.func.functional_call(module, state, margs, mkwargs)
     return tally.peak_bytes

@@ -28,10 +28,9 @@ from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ..placement.errors import PlacementError
-from .workmeter import WorkMeter, storage_key
+from .workmeter import WorkMeter, input_keys, storage_key
 
 aten = torch.ops.aten
 _ALLOWED = {aten.copy_.default, aten.empty_like.default, aten.zeros_like.default,
@@ -57,8 +56,7 @@ class _Mode(TorchDispatchMode):
         watched, meter = check.watched, check.meter
         if not watched and meter is None:
             return func(*args, **kwargs)
-        keys = {storage_key(a) for a in tree_flatten((args, kwargs))[0]
-                if isinstance(a, torch.Tensor)}
+        keys = input_keys(args, kwargs)
         if watched and func not in _ALLOWED and not func.is_view:
             for key in keys:
                 hit = watched.get(key)

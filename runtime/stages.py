@@ -183,7 +183,7 @@ class StagedEngine(Engine):
         meter = self.check.meter if self.check is not None else None
         if meter is not None and self.mover is not None:
             owner = self.owner           # the working memory is charged where it computes
-            events.on_enter.append(lambda gi: meter.set_device(owner[gi]))
+            events.on_enter.append(lambda gi: self._compute_on(owner[gi]))
         events.attach()
         self._handles.append(events)
 
@@ -206,7 +206,7 @@ class StagedEngine(Engine):
         if self.mover is not None:
             self.mover.end_forward()          # a forward stopped midway left copies
         self._root_in = seen_bytes(args, kwargs)
-        self.targets[0].ledger.set_activations(self._root_in, "forward inputs")
+        self.targets[0].ledger.set_inputs(self._root_in)
         self._compute_on(0)
         for s in self.streamers:
             s.begin_forward()

@@ -12,14 +12,15 @@ storage itself, so views keep it alive exactly as they keep GPU memory alive). G
 the device's capacity raises torch.OutOfMemoryError there, as a GPU would.
 
 What it does not see: workspaces inside a kernel (cuBLAS, flash attention) and the
-caching allocator's rounding; the planner adds those per device kind
-(placement/metadata/headroom.py)."""
+caching allocator's rounding; the planner's estimate carries a fixed GPU workspace for
+those (placement/metadata/headroom.py)."""
 import collections
 import threading
 import weakref
 from typing import List, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
@@ -31,6 +32,27 @@ def storage_key(t: torch.Tensor) -> int:
     except (RuntimeError, NotImplementedError):   # a tensor subclass without storage
         return 0
     return id(storage) if t.is_meta else storage.data_ptr()
+
+
+def input_keys(args, kwargs) -> set:
+    """Storage keys of an operation's tensor arguments."""
+    return {storage_key(a) for a in tree_flatten((args, kwargs))[0]
+            if isinstance(a, torch.Tensor)}
+
+
+class MeterMode(TorchDispatchMode):
+    """Every operation run under it reports its outputs to `meter`."""
+
+    def __init__(self, meter: "WorkMeter"):
+        super().__init__()
+        self.meter = meter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        keys = input_keys(args, kwargs)
+        out = func(*args, **kwargs)
+        self.meter.produced(out, keys)
+        return out
 
 
 class Tally:

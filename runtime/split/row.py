@@ -221,17 +221,15 @@ class RowSplit(Engine):
             outs = []
             for s in shards:
                 d = s.device
+                if meter is not None:
+                    meter.set_device(d)             # its input copy and output land there
                 if d == 0:
                     xd = x
                 else:
                     xd = sent.get(d)
                     if xd is None:
-                        if meter is not None:
-                            meter.set_device(d)     # the copy lands there
                         xd = sent[d] = mover.copy_to(x, d, 0)
                         self.hops += 1
-                if meter is not None:
-                    meter.set_device(d)
                 if dequantize is None:
                     y = F.linear(xd, s.weight, s.bias)
                 else:
@@ -262,7 +260,7 @@ class RowSplit(Engine):
             with torch.inference_mode(False):
                 self._load()
         self._sent[0] = self._sent[1] = None
-        self.targets[0].ledger.set_activations(seen_bytes(args, kwargs), "forward inputs")
+        self.targets[0].ledger.set_inputs(seen_bytes(args, kwargs))
         if not self.mover.simulated:
             main = self.targets[0].device
             return to_device(args, main), to_device(kwargs, main)
