@@ -11,6 +11,7 @@ import logging
 import comfy.patcher_extension as ext
 from comfy_api.latest import io
 
+from ..placement.units import format_bytes
 from ..runtime.comfy import place_objects
 from ..runtime.comfy.workload import (AUTOFIT_KEY, FOLLOWS_LATENT, AutoFitSession,
                                       from_prompt, latent_ratios, placement_key)
@@ -73,28 +74,31 @@ class ApplyPlacement(io.ComfyNode):
         spec, strict = placement.spec, placement.strict
         model = by_component.get("diffusion")
         node_id = getattr(cls.hidden, "unique_id", None) if cls.hidden else None
-        workload = None
-        if spec.auto_fit:
-            workload = from_prompt(getattr(cls.hidden, "prompt", None) if cls.hidden else None,
-                                   node_id, _latent_shape(latent),
-                                   latent_ratios(model) if model is not None else (8, 1))
+        # what sampling will compute, as far as the prompt tells: the working memory of
+        # every plan, and with auto_fit its choices (runtime/comfy/workload.py)
+        workload = from_prompt(getattr(cls.hidden, "prompt", None) if cls.hidden else None,
+                               node_id, _latent_shape(latent),
+                               latent_ratios(model) if model is not None else (8, 1))
         plan = make_plan(spec, inventory, by_component, strict=strict, workload=workload)
         placed, notes = place_objects(plan, inventory, by_component)
         text = plan.report()
         if notes:
             text += "\n\napplied:\n" + "\n".join(f"  {n}" for n in notes)
-        if workload is not None:
-            text += f"\n\nauto-fit planned for: {workload.describe()} ({workload.source})"
+        text += (f"\n\n{'auto-fit planned' if spec.auto_fit else 'working memory estimated'}"
+                 f" for: {workload.describe()} ({workload.source})")
         autofit = None
-        if workload is not None and placed.get("diffusion") is not None:
+        if placed.get("diffusion") is not None:
             session = autofit = _auto_fit_session(plan, workload, spec, strict, inventory,
                                         by_component, placed, node_id)
             placed["diffusion"].set_attachments(AUTOFIT_KEY, session)
             placed["diffusion"].add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, AUTOFIT_KEY,
                                                      session.outer_sample)
-            text += ("\nWhen sampling starts, a different workload (latent size, frames, "
-                     "batch, steps, CFG) is planned again and the plan that ran is shown "
-                     "here.")
+            text += ("\nWhen sampling starts, its first model call is rehearsed on the "
+                     "meta device (the working memory at the run's real shapes) and the "
+                     "run is planned with it"
+                     + (" (with auto_fit, also for a different latent size, frames, batch, "
+                        "steps or CFG)" if spec.auto_fit else "")
+                     + "; the plan that ran is shown here.")
         # measured figures of each run, sent to this node beside the plan's predictions
         meter = Meter(node_id, plan, inventory, engine_sessions(placed, autofit),
                       plan_that_ran=lambda: autofit.last[1] if autofit and autofit.last
@@ -135,6 +139,10 @@ def _auto_fit_session(plan, workload, spec, strict, inventory, objects, placed, 
                    f"({workload.source}); this run was planned again. Connect the "
                    f"sampler's latent to Apply Placement's latent input to plan it at "
                    f"node time.")
+        if real.rehearsed_bytes is not None:
+            how += (f"\nThe diffusion model's working memory was rehearsed at this run's "
+                    f"first model call: {format_bytes(real.rehearsed_bytes)} of tensors "
+                    f"(plus the kernel workspace), in place of the estimate.")
         text = (f"plan that ran (sampling {real.describe()}):\n{ran.report()}\n\n{how}")
         send_node_text(text, node_id)
 

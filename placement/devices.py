@@ -28,6 +28,10 @@ class Device:
     simulated: bool = False
     throughput: Optional[float] = None   # FLOP/s given in a --simulate entry (what-if)
     bandwidth: Optional[float] = None    # host->device B/s given in a --simulate entry
+    # kernel workspaces and allocator slack beside a computation's tensors; None: the
+    # planner's default for a GPU (metadata/headroom.WORKSPACE). A --simulate entry may
+    # set it ('@workspace=0': the simulated device of the runtime allocates none)
+    workspace_bytes: Optional[int] = None
 
     @property
     def is_accelerator(self) -> bool:
@@ -67,11 +71,21 @@ def _host_memory() -> Tuple[int, int]:
 
 
 def _speeds(name: str, speeds, accepted: str):
-    """'@165T' is a throughput, '@25GB/s' a host link bandwidth; each at most once."""
+    """'@165T' is a throughput, '@25GB/s' a host link bandwidth, '@workspace=256MiB' the
+    kernel workspace; each at most once."""
     from .machine_figures import parse_bandwidth, parse_throughput
-    throughput = bandwidth = None
+    throughput = bandwidth = workspace = None
     for text in speeds:
-        if text.strip().lower().endswith("/s") and not text.strip().lower().endswith("flop/s"):
+        key, eq, value = text.partition("=")
+        if eq:
+            if key.strip().lower() != "workspace" or workspace is not None:
+                raise PlacementError(f"simulated device {name}: {text!r} is not a setting "
+                                     f"(only one workspace=SIZE); {accepted}")
+            workspace = parse_bytes(value, f"workspace of simulated device {name}")
+            if workspace < 0:
+                raise PlacementError(f"simulated device {name}: workspace cannot be "
+                                     f"negative; {accepted}")
+        elif text.strip().lower().endswith("/s") and not text.strip().lower().endswith("flop/s"):
             if bandwidth is not None:
                 raise PlacementError(f"simulated device {name} gives two bandwidths; {accepted}")
             bandwidth = parse_bandwidth(text, f"bandwidth of simulated device {name}")
@@ -79,7 +93,7 @@ def _speeds(name: str, speeds, accepted: str):
             if throughput is not None:
                 raise PlacementError(f"simulated device {name} gives two throughputs; {accepted}")
             throughput = parse_throughput(text, f"throughput of simulated device {name}")
-    return throughput, bandwidth
+    return throughput, bandwidth, workspace
 
 
 def canonical_device_name(text: str) -> str:
@@ -111,8 +125,9 @@ class Inventory:
         """'cuda0=24GiB,cuda1=12GiB[/10GiB],cpu=64GiB': names with TOTAL or TOTAL/FREE.
         Bare numbers are GiB. The cpu entry is optional (default: this machine's RAM).
         What-if speeds follow '@': cuda0=24GiB@165T@25GB/s (FLOP/s, host link bytes/s)."""
-        accepted = ("expected NAME=TOTAL[/FREE][@FLOPS][@BYTES/s] entries separated by commas, "
-                    "e.g. cuda0=24GiB@165T@25GB/s,cuda1=12GiB/10GiB,cpu=64GiB")
+        accepted = ("expected NAME=TOTAL[/FREE][@FLOPS][@BYTES/s][@workspace=SIZE] entries "
+                    "separated by commas, e.g. cuda0=24GiB@165T@25GB/s,cuda1=12GiB/10GiB,"
+                    "cpu=64GiB")
         if not isinstance(text, str) or not text.strip():
             raise PlacementError(f"empty simulated inventory; {accepted}")
         devices = []
@@ -125,7 +140,7 @@ class Inventory:
             if not eq or not _NAME.match(name) or name in DEFAULT_TOKENS + ("gpu", "disk"):
                 raise PlacementError(f"invalid simulated device {item!r}; {accepted}")
             size, *speeds = size.split("@")
-            throughput, bandwidth = _speeds(name, speeds, accepted)
+            throughput, bandwidth, workspace = _speeds(name, speeds, accepted)
             total_txt, slash, free_txt = size.partition("/")
             total = parse_bytes(total_txt, f"size of simulated device {name}")
             free = parse_bytes(free_txt, f"free memory of simulated device {name}") \
@@ -138,7 +153,7 @@ class Inventory:
                                   f"simulated {kind}",
                                   torch_device="cpu" if name == "cpu" else None,
                                   simulated=name != "cpu", throughput=throughput,
-                                  bandwidth=bandwidth))
+                                  bandwidth=bandwidth, workspace_bytes=workspace))
         return cls(devices, source=f"simulated: {text.strip()}")
 
     @classmethod
@@ -166,6 +181,14 @@ class Inventory:
 
     def accelerators(self) -> List[Device]:
         return [d for d in self.devices if d.kind in ("gpu", "igpu")]
+
+    def workspace_bytes(self) -> Optional[int]:
+        """The kernel workspace a computation on this inventory's accelerators needs
+        beside its tensors (the largest of theirs; None: no accelerator)."""
+        from .metadata.headroom import WORKSPACE
+        sizes = [WORKSPACE if d.workspace_bytes is None else d.workspace_bytes
+                 for d in self.accelerators()]
+        return max(sizes) if sizes else None
 
     def default_device(self) -> Device:
         for kind in ("gpu", "igpu", "cpu"):
@@ -217,7 +240,9 @@ class Inventory:
              "free_bytes": d.free_bytes, "description": d.description,
              "torch_device": d.torch_device, "simulated": d.simulated,
              **({"throughput_flops": d.throughput} if d.throughput else {}),
-             **({"bandwidth_bytes_per_s": d.bandwidth} if d.bandwidth else {})}
+             **({"bandwidth_bytes_per_s": d.bandwidth} if d.bandwidth else {}),
+             **({"workspace_bytes": d.workspace_bytes}
+                if d.workspace_bytes is not None else {})}
             for d in self.devices]}
 
     def __repr__(self) -> str:

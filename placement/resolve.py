@@ -143,7 +143,8 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
     from .lora import decide_lora
     executor = check_executor(executor)
     request = resolve_request(spec, inventory, strict)
-    infos = describe_components(components, resolution, frames, batch)
+    infos = with_workspace(describe_components(components, resolution, frames, batch),
+                           inventory)
     pins = {c: cp for c, cp in (pins or {}).items() if c in infos} if spec.auto_fit else {}
     for comp, cp in pins.items():
         request.choices[comp] = Choice(list(cp.runtime), cp.params, cp.split_mode)
@@ -201,6 +202,29 @@ def _unused_budgets(result: Plan, inventory: Inventory, request: Request):
             f"{d.name}; place one there or drop it"
             for d in inventory.devices
             if d.kind != "cpu" and request.budgets.get(d.name) is not None and d.name not in used]
+
+
+def with_workspace(infos, inventory: Inventory):
+    """Each working-memory estimate with the inventory's kernel workspace in place of
+    the default one (a simulated device that allocates none: its tensors alone)."""
+    from dataclasses import replace
+    workspace = inventory.workspace_bytes()
+    if workspace is None:
+        return infos
+    out = {}
+    for comp, info in infos.items():
+        if info.headroom_bytes is not None and info.workspace_bytes and \
+                info.workspace_bytes != workspace:
+            shift = workspace - info.workspace_bytes
+            info = replace(info, headroom_bytes=int(info.headroom_bytes) + shift,
+                           workspace_bytes=workspace,
+                           headroom_per_device=tuple((d, max(0, b + shift)) for d, b in
+                                                     info.headroom_per_device),
+                           headroom_basis=info.headroom_basis.replace(
+                               f"+ {format_bytes(info.workspace_bytes)} workspace",
+                               f"+ {format_bytes(workspace)} workspace"))
+        out[comp] = info
+    return out
 
 
 def explicit_plan(request: Request, inventory: Inventory, infos) -> Plan:
@@ -349,36 +373,43 @@ def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,
     for dev in devices:
         if dev.kind == "cpu" and (host or read):
             per_phase[dev.name] = {p: host + b for p, b in read.items()} or {"session": host}
-    # the working memory each component needs where it computes (its estimate, GPU
-    # workspace included): an explicit plan reserves none, so say when it has no room
+    # the working memory each component needs where it computes (its estimate, kernel
+    # workspace included): part of what the device holds in that phase. The engine
+    # reserves none for an explicit plan, so a plan past the budget with it is told.
     work: Dict[str, Dict[str, tuple]] = {}
     for cp in comps.values():
         info = infos.get(cp.component)
         if not cp.present or info is None or info.headroom_bytes is None:
             continue
+        per_device = dict(info.headroom_per_device)
         for d in cp.runtime:
             if d in by_name and by_name[d].kind != "cpu":
                 phase = PHASES[cp.component]
-                if int(info.headroom_bytes) > work.get(d, {}).get(phase, (0, ""))[0]:
-                    work.setdefault(d, {})[phase] = (int(info.headroom_bytes), cp.component)
+                need = int(per_device.get(d, info.headroom_bytes))
+                if need > work.get(d, {}).get(phase, (0, ""))[0]:
+                    work.setdefault(d, {})[phase] = (need, cp.component)
+    weights = {d: dict(p) for d, p in per_phase.items()}
+    for d, phases in work.items():
+        for phase, (w, _) in phases.items():
+            per_phase.setdefault(d, {})[phase] = per_phase.get(d, {}).get(phase, 0) + w
     for name, phases in per_phase.items():
         dev = by_name[name]
         dev.planned_bytes = max(phases.values())
         limit = dev.budget_bytes if dev.budget_bytes is not None else dev.free_bytes
         what = 'budget' if dev.budget_bytes is not None else 'free memory'
-        if dev.planned_bytes > limit:
+        if dev.planned_bytes <= limit:
+            continue
+        phase = max(phases, key=phases.get)
+        held = weights.get(name, {}).get(phase, 0)
+        if held > limit:
             warnings.append(f"{name}: plan needs {format_bytes(dev.planned_bytes)} but the "
                             f"{what} is {format_bytes(limit)}; turn on auto_fit or "
                             f"stream_layers")
             continue
-        short = [(phases.get(p, 0) + w, p, c) for p, (w, c) in work.get(name, {}).items()
-                 if phases.get(p, 0) + w > limit]
-        if short:
-            need, phase, comp = max(short)
-            warnings.append(f"{name}: plan needs {format_bytes(phases.get(phase, 0))} of "
-                            f"weights and about {format_bytes(need - phases.get(phase, 0))} "
-                            f"of working memory for {comp} ({format_bytes(need)}), but the "
-                            f"{what} is {format_bytes(limit)}; an explicit plan reserves "
-                            f"no working memory: turn on auto_fit, stream_layers, or leave "
-                            f"room on {name}")
+        w, comp = work[name][phase]
+        warnings.append(f"{name}: plan needs {format_bytes(held)} of weights and about "
+                        f"{format_bytes(w)} of working memory for {comp} "
+                        f"({format_bytes(held + w)}), but the {what} is "
+                        f"{format_bytes(limit)}; an explicit plan reserves no working "
+                        f"memory: turn on auto_fit, stream_layers, or leave room on {name}")
     return per_phase

@@ -7,8 +7,10 @@ encoder states move once per range boundary, not once per block.
 
 On real devices a tensor's place is `tensor.device`. On simulated devices every
 tensor is host memory, so copies and block outputs carry a tag (an attribute naming
-the device index); an untagged tensor is on the main device, where the module's
-own (non-block) code runs.
+the device index); an untagged tensor is where the working-memory meter saw it
+computed (`locate`, when the device check meters: a tensor made inside a block between
+two of its hooked layers is on the block's device, as on a GPU), else on the main
+device, where the module's own (non-block) code runs.
 """
 import threading
 from typing import List, Sequence
@@ -41,6 +43,7 @@ class Mover:
         self.copies = 0
         self.bytes = 0
         self.seconds = 0.0        # modelled link time (simulated devices)
+        self.locate = None        # simulated: tensor -> device index computed on, or None
 
     def _state(self):
         s = self._local
@@ -69,7 +72,10 @@ class Mover:
     # -- location ---------------------------------------------------------------------
     def where(self, t: torch.Tensor):
         if self.simulated:
-            return getattr(t, self.tag, 0)
+            tag = getattr(t, self.tag, None)
+            if tag is None and self.locate is not None:
+                tag = self.locate(t)
+            return 0 if tag is None else tag
         return t.device
 
     def _source_index(self, key) -> int:

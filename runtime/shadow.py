@@ -53,9 +53,19 @@ def _copy_tensor(t: torch.Tensor) -> torch.Tensor:
     return v
 
 
-def structural_copy(root: nn.Module) -> Tuple[nn.Module, Dict[int, torch.Tensor]]:
+def meta_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor of `t`'s shape, strides and dtype (a Parameter for a Parameter)."""
+    data = t.data if isinstance(t, nn.Parameter) else t
+    v = torch.empty_strided(data.size(), data.stride(), dtype=data.dtype, device="meta")
+    return nn.Parameter(v, requires_grad=False) if isinstance(t, nn.Parameter) else v
+
+
+def structural_copy(root: nn.Module, make_tensor=None
+                    ) -> Tuple[nn.Module, Dict[int, torch.Tensor]]:
     """(copy of `root`, {id(copy tensor): original tensor}). Shared submodules and tied
-    tensors stay shared in the copy."""
+    tensors stay shared in the copy. `make_tensor` makes each copy tensor (default: an
+    alias of the original's memory; `meta_tensor`: a weightless copy)."""
+    make_tensor = make_tensor or _copy_tensor
     modules: Dict[int, nn.Module] = {}
     tensors: Dict[int, torch.Tensor] = {}
     originals: Dict[int, torch.Tensor] = {}
@@ -65,7 +75,7 @@ def structural_copy(root: nn.Module) -> Tuple[nn.Module, Dict[int, torch.Tensor]
             return None
         hit = tensors.get(id(t))
         if hit is None:
-            hit = tensors[id(t)] = _copy_tensor(t)
+            hit = tensors[id(t)] = make_tensor(t)
             originals[id(hit)] = t
         return hit
 

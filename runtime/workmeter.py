@@ -85,6 +85,12 @@ class WorkMeter:
     def device(self) -> int:
         return getattr(self._local, "device", 0)
 
+    def device_of(self, t: torch.Tensor):
+        """The device index that computed `t`'s storage (None: not computed under the
+        meter, an input or a weight)."""
+        hit = self._owner.get(storage_key(t))
+        return None if hit is None else hit[0]
+
     # -- what the dispatch mode reports -------------------------------------------------
     def produced(self, out, input_keys) -> None:
         """`out`: an operation's result; input_keys: storage keys of its tensor inputs

@@ -135,7 +135,8 @@ def merge(component: str, infos: Sequence[ComponentInfo]) -> ComponentInfo:
         sources=tuple(s for i in infos for s in i.sources),
         warnings=tuple(w for i in infos for w in i.warnings),
         irregular_groups=tuple(g for i in infos for g in i.irregular_groups),
-        headroom_basis=top.headroom_basis, tensor_count=sum(i.tensor_count for i in infos))
+        headroom_basis=top.headroom_basis, tensor_count=sum(i.tensor_count for i in infos),
+        workspace_bytes=top.workspace_bytes)
 
 
 # -- inputs ----------------------------------------------------------------------------
@@ -285,11 +286,12 @@ def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.La
         why = "architecture not recognised" if arch == "unknown" else f"no {arch} blocks found"
         warnings.append(f"{label}: {why}; described as one block (no streaming or layer split)")
 
-    room = _override(headroom, component)
+    room, workspace = _override(headroom, component), 0
     if room is not None:
         basis = "given"
     else:
         room, basis = _estimate(component, arch, rec.family, dims, shape, activation_bytes(dtype))
+        workspace = 0 if basis.startswith(hr.FIXED) else hr.WORKSPACE
         scratch = dequant_scratch_bytes(tensors, activation_bytes(dtype))
         if scratch:
             room, basis = room + scratch, f"{basis} + GGUF dequantization scratch"
@@ -298,7 +300,7 @@ def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.La
                          sources=paths or (label,),
                          warnings=tuple(warnings), root=part.root,
                          irregular_groups=tuple(scan.irregular), headroom_basis=basis,
-                         tensor_count=len(tensors))
+                         tensor_count=len(tensors), workspace_bytes=workspace)
 
 
 def _estimate(component, arch, family, dims: "_Dims", shape, act) -> Tuple[int, str]:

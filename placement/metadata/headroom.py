@@ -68,9 +68,12 @@ VISION_SEQ = 577        # a 336-pixel CLIP ViT-L/14 image: 24 * 24 patches + cla
 UPSCALE_TILE = 512
 
 
+FIXED = "fixed reserve"
+
+
 def fallback(component: str) -> Tuple[int, str]:
     value = FALLBACK.get(component, 2 * GiB)
-    return value, f"fixed reserve {format_bytes(value)} (architecture not known)"
+    return value, f"{FIXED} {format_bytes(value)} (architecture not known)"
 
 
 def dit(arch: str, hidden: int, shape: LatentShape, act_bytes: int, px: Optional[int] = None

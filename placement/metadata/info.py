@@ -33,6 +33,12 @@ class ComponentInfo:
     irregular_groups: Tuple[str, ...] = ()  # block groups whose blocks are not alike
     headroom_basis: str = ""            # how headroom_bytes was reached, in words
     tensor_count: int = 0
+    # the part of headroom_bytes that is the GPU's kernel workspace (an estimate's fixed
+    # WORKSPACE); the planner puts the inventory's own workspace in its place
+    workspace_bytes: int = 0
+    # a layer split's working memory on each of its devices, workspace included
+    # ((device, bytes), ...); empty: headroom_bytes on every device
+    headroom_per_device: Tuple[Tuple[str, int], ...] = ()
 
     @property
     def block_bytes(self) -> int:

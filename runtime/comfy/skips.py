@@ -10,7 +10,7 @@ to bring `hsp` to the device `h` is on; the caller's options are copied, not cha
 from typing import Callable
 
 
-def _follow_patch(follow: Callable):
+def skip_follow_patch(follow: Callable):
     def bring_skip(h, hsp, transformer_options):
         if hsp is None or h is None:
             return h, hsp
@@ -32,7 +32,7 @@ def with_skip_follow(args, kwargs, follow: Callable):
     options = dict(options or {})
     patches = dict(options.get("patches") or {})
     patches["output_block_patch"] = list(patches.get("output_block_patch") or []) + \
-        [_follow_patch(follow)]
+        [skip_follow_patch(follow)]
     options["patches"] = patches
     if len(args) > 5:
         args[5] = options

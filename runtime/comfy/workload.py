@@ -14,15 +14,20 @@ what was planned at node time (pinned in the re-plan). Every run shows the plan 
 ran in the node.
 """
 import json
+import logging
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Tuple
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
 
 from ...placement.plan import Plan
+
+if TYPE_CHECKING:
+    from .rehearse_call import Rehearsal
 
 AUTOFIT_KEY = "placement_autofit"      # wrapper and attachment key of the session
 FOLLOWS_LATENT = ("diffusion", "vae")  # re-planned at sampling; the rest is pinned
 _CACHE = 4                             # placed copies kept per session (one per plan)
+log = logging.getLogger("comfyui-placement")
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,12 @@ class Workload:
     batch: int = 1
     steps: int = 20
     cond_batch: int = 1                            # 2: cond and uncond in one batch (CFG)
+    text_tokens: Optional[int] = None              # the prompt's length; None: not known
     source: str = field(default="default", compare=False)
+    # the diffusion model's working memory rehearsed at this workload's first model call
+    # (rehearse_call.py); None: not yet, the metadata's estimate stands in
+    rehearsed_bytes: Optional[int] = field(default=None, compare=False)
+    rehearsed_per_device: Tuple[Tuple[str, int], ...] = field(default=(), compare=False)
 
     def plan_args(self) -> dict:
         """Keyword arguments of placement.resolve.plan for this workload (auto-fit)."""
@@ -43,12 +53,18 @@ class Workload:
         w, h = self.resolution
         frames = f", {self.frames} frames" if self.frames > 1 else ""
         cfg = ", CFG: cond+uncond (x2)" if self.cond_batch > 1 else ", no uncond pass"
-        return f"{w}x{h}{frames}, batch {self.batch}, {self.steps} steps{cfg}"
+        tokens = f", {self.text_tokens} text tokens" if self.text_tokens else ""
+        return f"{w}x{h}{frames}, batch {self.batch}, {self.steps} steps{cfg}{tokens}"
 
     def to_dict(self) -> dict:
         return {"resolution": list(self.resolution), "frames": self.frames,
                 "batch": self.batch, "steps": self.steps, "cond_batch": self.cond_batch,
-                "source": self.source}
+                "source": self.source,
+                **({"text_tokens": self.text_tokens} if self.text_tokens else {}),
+                **({"rehearsed_bytes": self.rehearsed_bytes}
+                   if self.rehearsed_bytes is not None else {}),
+                **({"rehearsed_per_device": dict(self.rehearsed_per_device)}
+                   if self.rehearsed_per_device else {})}
 
 
 def from_latent_shape(shape, spatial: int = 8, temporal: int = 1, steps: int = 20,
@@ -98,7 +114,20 @@ def from_sampling(guider, noise, sigmas) -> Workload:
     conds = getattr(guider, "conds", None) or getattr(guider, "original_conds", None)
     cond = 2 if uses_uncond(getattr(guider, "cfg", None), conds,
                             getattr(guider, "model_options", None)) else 1
-    return from_latent_shape(tuple(noise.shape), spatial, temporal, steps, cond, "sampler")
+    w = from_latent_shape(tuple(noise.shape), spatial, temporal, steps, cond, "sampler")
+    tokens = text_tokens(conds)
+    return replace(w, text_tokens=tokens) if tokens else w
+
+
+def text_tokens(conds) -> Optional[int]:
+    """The longest prompt among the sampler's conditionings (their cross_attn length)."""
+    longest = 0
+    for entries in (conds or {}).values():
+        for c in entries or ():
+            t = c.get("cross_attn") if isinstance(c, dict) else None
+            if getattr(t, "ndim", 0) >= 2:
+                longest = max(longest, int(t.shape[-2]))
+    return longest or None
 
 
 # -- node time: what the prompt says ----------------------------------------------------
@@ -205,6 +234,8 @@ class AutoFitSession:
             self.vae_states[self.vae_key] = dict(vae_output.__dict__)
         self.last: Optional[Tuple[Workload, Plan]] = None
         self.runs = 0
+        self.rehearsals: Dict[Workload, "Rehearsal"] = {}
+        self.unrehearsable: Dict[Workload, str] = {}     # workload -> why not
 
     # ComfyUI copies attachments into clones with this hook: one session per node output.
     def on_model_patcher_clone(self):
@@ -216,18 +247,61 @@ class AutoFitSession:
             plan = self.plans[workload] = self.replan(workload, self.plan0)
         return plan
 
+    def known(self, workload: Workload) -> Workload:
+        """`workload` with its rehearsed working memory when a run rehearsed it."""
+        hit = self.rehearsals.get(workload)
+        return workload if hit is None else replace(
+            workload, rehearsed_bytes=hit.working_bytes, rehearsed_per_device=hit.per_device)
+
     def outer_sample(self, executor, noise, latent_image, sampler, sigmas, *args, **kwargs):
         guider = executor.class_obj
-        workload = from_sampling(guider, noise, sigmas)
+        workload = self.known(from_sampling(guider, noise, sigmas))
         plan = self.plan_for(workload)
         self.runs += 1
+        run = (noise, latent_image, sampler, sigmas) + args
+        probe = None
+        if workload.rehearsed_bytes is None and workload not in self.unrehearsable:
+            probe = _Probe(self, workload, plan)
+        try:
+            return self._run(executor, guider, workload, plan, run, kwargs, probe)
+        except _Replan as again:
+            # the first model call rehearsed the working memory and it places the
+            # diffusion model otherwise: nothing was computed yet, sample with that plan
+            log.info("placement: %s; sampling starts again with the new plan", again)
+            return self._run(executor, guider, again.workload, again.plan, run, kwargs, None)
+
+    def _run(self, executor, guider, workload, plan, run, kwargs, probe):
         self.last = (workload, plan)
         self._use_vae(plan)
         self.show(workload, plan)
-        if placement_key(plan, "diffusion") == placement_key(self.plan0, "diffusion"):
-            return executor(noise, latent_image, sampler, sigmas, *args, **kwargs)
-        return self._swapped(executor, guider, plan, (noise, latent_image, sampler, sigmas)
-                             + args, kwargs)
+        if placement_key(plan, "diffusion") != placement_key(self.plan0, "diffusion"):
+            return self._swapped(executor, guider, plan, run, kwargs, probe)
+        saved = guider.model_options
+        guider.model_options = with_probe(saved, probe)
+        try:
+            return executor(*run, **kwargs)
+        finally:
+            guider.model_options = saved
+
+    def rehearsed(self, workload: Workload, plan: Plan, base, args, kwargs) -> None:
+        """The first model call of a run (APPLY_MODEL arguments, `base` the BaseModel):
+        rehearse its working memory, plan with it, and go on, or sample again (_Replan)
+        where the new plan places the diffusion model otherwise."""
+        from .rehearse_call import plan_split, try_rehearse
+        got, why = try_rehearse(base, args, kwargs, plan_split(plan))
+        if got is None:
+            self.unrehearsable[workload] = why
+            log.warning("placement: the working memory of this run could not be "
+                        "rehearsed (%s); the plan keeps the metadata's estimate", why)
+            return
+        self.rehearsals[workload] = got
+        known = self.known(workload)
+        new = self.plans[workload] = self.replan(known, self.plan0)
+        if placement_key(new, "diffusion") != placement_key(plan, "diffusion"):
+            raise _Replan(known, new, got)
+        self.last = (known, new)
+        self._use_vae(new)
+        self.show(known, new)
 
     def _placed_model(self, plan: Plan, base):
         import comfy.patcher_extension as ext
@@ -242,7 +316,7 @@ class AutoFitSession:
         del self.models[:-_CACHE]
         return placed
 
-    def _swapped(self, executor, guider, plan, args, kwargs):
+    def _swapped(self, executor, guider, plan, args, kwargs, probe=None):
         """Run this sampling with the placed copy for `plan` in the guider: its load and
         offload devices, and its wrappers (the engine's) in the sampling options."""
         import comfy.model_patcher
@@ -253,6 +327,7 @@ class AutoFitSession:
         options = comfy.model_patcher.create_model_options_clone(placed.model_options)
         options.setdefault("transformer_options", {})
         comfy.sampler_helpers.prepare_model_patcher(placed, guider.conds, options)
+        options = with_probe(options, probe)
         saved = guider.model_patcher, guider.model_options
         guider.model_patcher, guider.model_options = placed, options
         try:
@@ -279,3 +354,44 @@ class AutoFitSession:
         self.vae_output.__dict__.clear()
         self.vae_output.__dict__.update(state)
         self.vae_key = key
+
+
+# -- the first model call of a run: its working memory rehearsed -------------------------
+PROBE_KEY = "placement_rehearsal"
+
+
+class _Replan(Exception):
+    def __init__(self, workload: Workload, plan: Plan, rehearsal):
+        super().__init__(f"working memory rehearsed at {rehearsal.inputs}: "
+                         f"{rehearsal.working_bytes} bytes; the plan changed")
+        self.workload, self.plan = workload, plan
+
+
+class _Probe:
+    """An APPLY_MODEL wrapper, first in the chain: at the run's first model call, before
+    any placement opens, hands the call to the session to rehearse; then steps aside."""
+
+    def __init__(self, session: "AutoFitSession", workload: Workload, plan: Plan):
+        self.session, self.workload, self.plan = session, workload, plan
+        self.done = False
+
+    def __call__(self, executor, *args, **kwargs):
+        if not self.done:
+            self.done = True
+            self.session.rehearsed(self.workload, self.plan, executor.class_obj, args, kwargs)
+        return executor(*args, **kwargs)
+
+
+def with_probe(options: dict, probe: Optional[_Probe]) -> dict:
+    """A copy of the sampling options whose APPLY_MODEL chain starts with `probe`."""
+    if probe is None:
+        return options
+    import comfy.model_patcher
+    import comfy.patcher_extension as ext
+    options = comfy.model_patcher.create_model_options_clone(options)
+    topts = options.setdefault("transformer_options", {})
+    wrappers = dict(topts.get("wrappers", {}))
+    wrappers[ext.WrappersMP.APPLY_MODEL] = {
+        PROBE_KEY: [probe], **wrappers.get(ext.WrappersMP.APPLY_MODEL, {})}
+    topts["wrappers"] = wrappers
+    return options

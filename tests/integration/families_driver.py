@@ -519,7 +519,9 @@ def way_setup(way, key):
     nonblock, sizes = block_sizes(key)
     if not sizes:
         return None, None
-    kib = lambda n: f"{-(-int(n) // 1024)}KiB"      # noqa: E731
+    # simulated GPUs allocate no kernel workspace: the plans say so (@workspace=0), and
+    # their working memory is then the tensors alone, which the device meters
+    kib = lambda n: f"{-(-int(n) // 1024)}KiB@workspace=0"      # noqa: E731
     margin = act_margin(nonblock + sum(sizes))
     stream = nonblock + 3 * max(sizes) + margin
     share = 0.6 * sum(sizes) + margin
@@ -535,7 +537,7 @@ def way_setup(way, key):
         # working memory with its fixed GPU workspace; devices larger, as real ones are
         gib = (stream + AUTO_FIT_WORKSPACE) / 2 ** 30
         return ({"auto_fit": True, "max_vram": f"cuda0={gib:.4f},cuda1={gib:.4f}"},
-                "cuda0=8GiB,cuda1=8GiB")
+                "cuda0=8GiB@workspace=0,cuda1=8GiB@workspace=0")
     raise ValueError(way)
 
 
@@ -544,7 +546,12 @@ def way_facts(tag):
     model = KEPT.get(tag + "_placed", {}).get("model")
     session = model.get_attachment("placement") if model is not None else None
     stats = getattr(session, "last_stats", None) or {}
-    plan = PLANS.get(tag + "_placed") or {}
+    # the plan that ran: sampling planned again with the working memory its first model
+    # call rehearsed (runtime/comfy/workload.py); the node-time plan where it did not
+    run = model.get_attachment("placement_autofit") if model is not None else None
+    last = getattr(run, "last", None)
+    plan = last[1].to_dict() if last else (PLANS.get(tag + "_placed") or {})
+    node_plan = PLANS.get(tag + "_placed") or {}
     comp = (plan.get("components") or {}).get("diffusion") or {}
     planned = {d["name"]: d.get("planned_bytes") for d in plan.get("devices", [])
                if d.get("kind") == "gpu"}
@@ -566,6 +573,12 @@ def way_facts(tag):
                                .get("diffusion") or {}).get("headroom_bytes"),
             "headroom_basis": next((r for r in comp.get("reasons") or []
                                     if "working memory" in r), None),
+            "node_planned": {d["name"]: d.get("planned_bytes")
+                             for d in node_plan.get("devices", []) if d.get("kind") == "gpu"},
+            "rehearsed_bytes": getattr(last[0], "rehearsed_bytes", None) if last else None,
+            "rehearsed_per_device": dict(getattr(last[0], "rehearsed_per_device", ()))
+            if last else {},
+            "unrehearsable": list(getattr(run, "unrehearsable", {}).values()),
             "warnings": plan.get("warnings"), "reasons": comp.get("reasons")}
 
 

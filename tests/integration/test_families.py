@@ -75,28 +75,81 @@ def test_unet_families_really_split_and_stream(results):
         ways = results[key]["ways"]
         assert ways["layer"]["facts"]["hops"] >= 2 * 2 * 2, (key, ways["layer"]["facts"])
         assert ways["row"]["facts"]["sharded_linears"], (key, ways["row"]["facts"])
-        # every streamed block arrived: the ledger peak is the resident part plus the ring
-        stream = ways["stream_cpu"]["facts"]
-        dev = stream["measured"]["cuda0"]
-        planned, measured = stream["planned"]["cuda0"], dev["peak_bytes"]
-        assert planned <= measured <= planned * 1.1 + dev["working_peak_bytes"] + (1 << 20), \
-            (key, stream)
         # ComfyUI's UNet never calls its blocks' own forward: they were entered through
         # their layers, and every one of them (the runtime learned that on the first step)
+        stream = ways["stream_cpu"]["facts"]
         assert stream["entered_by_units"] == stream["streamed_blocks"], (key, stream)
 
 
-def test_streamed_plans_match_the_ledger(results):
-    """An explicit streaming plan's device bytes are the runtime's (the ring included):
-    the ledger's peak is that plus the working memory the simulated device metered (every
-    tensor the forward computed, alive: runtime/workmeter.py) and the forward's inputs."""
-    for key in RUN:
-        stream = results[key]["ways"]["stream_cpu"]["facts"]
-        dev = stream["measured"]["cuda0"]
-        planned, measured = stream["planned"]["cuda0"], dev["peak_bytes"]
-        assert dev["working_peak_bytes"] > 0, (key, dev)
-        assert planned <= measured \
-            <= planned + dev["working_peak_bytes"] + max(planned // 10, 3 << 20), (key, stream)
+# Hunyuan3D 2.1 routes tokens to experts by their values (bincount, then a loop over
+# the counts): no forward of it runs on the meta device, so its plan keeps the
+# metadata's estimate, which must then be above what ran
+UNREHEARSABLE = {"hunyuan3d21_d4": "bincount"}
+# the ways whose plans carry their own byte model today; a row split's planned bytes
+# are its layer ranges', not its shards' (issue 21, one byte model): only its budget holds
+MATCHED = ("stream_cpu", "stream_disk", "layer", "auto_fit")
+
+
+def close_to_plan(planned: int, measured: int) -> bool:
+    """Issue 19 item 4: within 10% of the plan, or 1 MiB at these tiny sizes."""
+    return abs(measured - planned) <= max(planned // 10, 1 << 20)
+
+
+def check_plan_matches_run(key, way, facts):
+    rehearsed, per_device = facts["rehearsed_bytes"], facts["rehearsed_per_device"] or {}
+    if key in UNREHEARSABLE:
+        assert rehearsed is None and UNREHEARSABLE[key] in " ".join(facts["unrehearsable"])
+    else:
+        assert rehearsed and not facts["unrehearsable"], (key, way, facts)
+    for name, dev in facts["measured"].items():
+        planned, measured = facts["planned"][name], dev["peak_bytes"]
+        assert measured <= dev["capacity_bytes"], (key, way, name, dev)
+        if key in UNREHEARSABLE:
+            assert measured <= planned, (key, way, name, planned, dev)
+            continue
+        assert close_to_plan(planned, measured), (key, way, name, planned, dev)
+        if facts["parallel"] in (None, "none") and way != "row":
+            # the rehearsal on meta is what the simulated device metered, to the byte
+            assert dev["working_peak_bytes"] == per_device.get(name, rehearsed) or \
+                close_to_plan(per_device.get(name, rehearsed), dev["working_peak_bytes"]), \
+                (key, way, name, rehearsed, per_device, dev)
+
+
+@pytest.mark.parametrize("key", RUN)
+def test_plans_match_what_ran(results, key):
+    """Every device's measured peak is within 10% (or 1 MiB) of the plan that ran: its
+    weights and ring, and the working memory its first model call rehearsed on the meta
+    device at the run's real shapes (runtime/comfy/rehearse_call.py); the simulated
+    devices have no kernel workspace (@workspace=0), so none is planned."""
+    for way in MATCHED:
+        check_plan_matches_run(key, way, results[key]["ways"][way]["facts"])
+    for name, dev in results[key]["ways"]["row"]["facts"]["measured"].items():
+        assert dev["peak_bytes"] <= dev["capacity_bytes"], (key, name, dev)
+
+
+@pytest.fixture(scope="module")
+def doubled(tmp_path_factory):
+    """The same families at twice the latent's height and width (four times the image
+    tokens): the working memory must follow the family's real growth."""
+    return run_driver(DRIVER, "FAMILIES_RESULTS", tmp_path_factory.mktemp("doubled"),
+                      extra=["--depth", "4", "--ways", "stream_cpu,auto_fit",
+                             "--latent-scale", "2"])["families"]
+
+
+@pytest.mark.parametrize("key", RUN)
+def test_plans_match_at_twice_the_size(results, doubled, key):
+    for way in ("stream_cpu", "auto_fit"):
+        check_plan_matches_run(key, way, doubled[key]["ways"][way]["facts"])
+    if key in UNREHEARSABLE:
+        return
+    # the plan grows as the run does (HunyuanDiT's does not: its largest tensors are
+    # the text embedding's, the same at both sizes)
+    small = results[key]["ways"]["stream_cpu"]["facts"]
+    large = doubled[key]["ways"]["stream_cpu"]["facts"]
+    metered = [f["measured"]["cuda0"]["working_peak_bytes"] for f in (small, large)]
+    planned = [small["rehearsed_bytes"], large["rehearsed_bytes"]]
+    assert abs(planned[1] / planned[0] - metered[1] / metered[0]) <= \
+        0.1 * metered[1] / metered[0], (key, planned, metered)
 
 
 @pytest.mark.parametrize("key", RUN)

@@ -1,0 +1,187 @@
+"""The working memory of a sampling run's diffusion model, rehearsed before it computes.
+
+ComfyUI's `BaseModel._apply_model` turns the sampler's arguments (x, sigma, the
+conditioning's tensors) into the network's inputs: the scaled input, concatenated
+latents, the timestep, the context and the family's extra conditions. At the first
+model call of a run, that preparation runs once more with a stand-in network that only
+records its inputs; then a weightless copy of the real network (every parameter on the
+meta device, runtime/shadow.py) runs those inputs under the working-memory meter
+(runtime/rehearse.py). What comes out is the family's own working memory at this call's
+real shapes (latent patching, text tokens, frames, CFG batch, attention as a fused
+kernel) at full width, in about a second, with no weight read and nothing computed.
+
+In the copy ComfyUI's cast layers compute plainly (no cast, no LoRA weight function: a
+patch changes weights, not activations) and every floating weight has the compute dtype
+(ComfyUI casts weights to the input's dtype, fp8 files included). Hooks of other packs
+are left out: they belong to the real run.
+"""
+import collections
+import time
+from dataclasses import dataclass
+from typing import Optional, Tuple
+import weakref
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from ...placement.errors import PlacementError
+from ...runtime.blocks import find_blocks
+from ...runtime.rehearse import rehearse, rehearse_split
+from ...runtime.shadow import structural_copy
+from ...runtime.split.layer import ranges_to_owner
+from .skips import skip_follow_patch
+
+_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # network -> copy
+_RESULTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # network -> {sig: bytes}
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    working_bytes: int         # the peak of the tensors the forward computes, alive at once
+    seconds: float
+    inputs: str                # the network's input shapes, in words
+    per_device: Tuple[Tuple[str, int], ...] = ()   # a layer split: the peak on each device
+
+    def to_dict(self) -> dict:
+        return {"working_bytes": self.working_bytes, "seconds": round(self.seconds, 3),
+                "inputs": self.inputs, "per_device": dict(self.per_device)}
+
+
+class _Called(Exception):
+    def __init__(self, args, kwargs):
+        super().__init__("network inputs recorded")
+        self.call = (args, kwargs)
+
+
+class _Recorder(nn.Module):
+    """Stands in for the network: records its inputs; what else `_apply_model` reads
+    of the network (its dtype, its config) comes from the real one."""
+
+    def __init__(self, real: nn.Module):
+        super().__init__()
+        object.__setattr__(self, "_real", real)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "_real"), name)
+
+    def forward(self, *args, **kwargs):
+        raise _Called(args, kwargs)
+
+
+def network_inputs(base, args, kwargs) -> Tuple[tuple, dict]:
+    """The (args, kwargs) ComfyUI's `_apply_model` gives `base.diffusion_model` for the
+    APPLY_MODEL call (args, kwargs). `base` is not changed: a view of it runs."""
+    view = base.__class__.__new__(base.__class__)
+    view.__dict__.update(base.__dict__)
+    view.__dict__["_modules"] = {**base._modules, "diffusion_model": _Recorder(base.diffusion_model)}
+    try:
+        type(base)._apply_model(view, *args, **kwargs)
+    except _Called as got:
+        return got.call
+    raise PlacementError(f"{type(base).__name__}._apply_model returned without calling "
+                         f"its diffusion model; its working memory cannot be rehearsed")
+
+
+def weightless_copy(network: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A copy of `network` with meta weights (floating ones in `dtype`), computing plainly."""
+    def meta(t):
+        data = t.data if isinstance(t, nn.Parameter) else t
+        kind = dtype if data.is_floating_point() else data.dtype
+        v = torch.empty(tuple(data.size()), dtype=kind, device="meta")
+        return nn.Parameter(v, requires_grad=False) if isinstance(t, nn.Parameter) else v
+
+    copy, _ = structural_copy(network, meta)
+    for m in copy.modules():
+        if hasattr(m, "comfy_cast_weights"):
+            m.comfy_cast_weights = False
+            m.weight_function, m.bias_function = [], []
+        m._forward_hooks = collections.OrderedDict()
+        m._forward_pre_hooks = collections.OrderedDict()
+    return copy
+
+
+def _signature(args, kwargs) -> tuple:
+    leaves = tree_flatten((args, kwargs))[0]
+    return tuple((tuple(t.shape), str(t.dtype)) for t in leaves if isinstance(t, torch.Tensor))
+
+
+def _describe(args, kwargs) -> str:
+    parts = [f"x {tuple(args[0].shape)}"] if args and isinstance(args[0], torch.Tensor) else []
+    context = kwargs.get("context")
+    if isinstance(context, torch.Tensor):
+        parts.append(f"context {tuple(context.shape)}")
+    return ", ".join(parts) or "inputs without tensors"
+
+
+def _with_skip_patch(follow, args, kwargs):
+    """The network's kwargs with the layer split's skip patch (skips.py) in its
+    transformer_options: ComfyUI's UNet brings each skip to the device of its block."""
+    options = dict(kwargs.get("transformer_options") or {})
+    patches = dict(options.get("patches") or {})
+    patches["output_block_patch"] = list(patches.get("output_block_patch") or []) + \
+        [skip_follow_patch(follow)]
+    options["patches"] = patches
+    return args, {**kwargs, "transformer_options": options}
+
+
+def _split_peaks(copy, net_args, net_kwargs, split) -> Optional[Tuple[int, ...]]:
+    """Per-device peaks of a layer split {device: [first, last]} over `names`, or None
+    when its ranges do not match the blocks the runtime finds."""
+    ranges, names = split
+    blocks = [b for _, b in find_blocks(copy) if next(b.parameters(), None) is not None]
+    owner = ranges_to_owner(ranges, list(names), len(blocks))
+    if owner is None:
+        return None
+    return tuple(rehearse_split(copy, net_args, net_kwargs, blocks, owner, len(names),
+                                _with_skip_patch))
+
+
+def rehearse_call(base, args, kwargs, split=None) -> Rehearsal:
+    """Rehearse the diffusion model call that APPLY_MODEL (args, kwargs) will make: the
+    whole forward on one device, and with `split` ({device: [first, last]}, [device
+    names]) of a layer split the peak on each of its devices too. Raises PlacementError
+    (or what the forward raised on the meta device) when the network cannot run
+    weightless; the caller keeps its estimate and says so."""
+    start = time.perf_counter()
+    network = base.diffusion_model
+    net_args, net_kwargs = network_inputs(base, args, kwargs)
+    results = _RESULTS.setdefault(network, {})
+    sig = _signature(net_args, net_kwargs)
+    copy = _COPIES.get(network)
+    if copy is None:
+        copy = _COPIES[network] = weightless_copy(network, base.get_dtype_inference())
+    if sig not in results:
+        results[sig] = rehearse(copy, net_args, net_kwargs)
+    per_device = ()
+    if split is not None:
+        key = (sig, repr(sorted(split[0].items())), tuple(split[1]))
+        if key not in results:
+            peaks = _split_peaks(copy, net_args, net_kwargs, split)
+            results[key] = tuple(zip(split[1], peaks)) if peaks else ()
+        per_device = results[key]
+    return Rehearsal(results[sig], time.perf_counter() - start,
+                     _describe(net_args, net_kwargs), per_device)
+
+
+def plan_split(plan, component: str = "diffusion"):
+    """The layer split a plan runs the component with, as rehearse_call takes it (None:
+    one device, a row split, or batch parallel: every device runs the whole forward on
+    its share of the batch, which the planner scales)."""
+    cp = plan.components.get(component)
+    if cp is None or len(cp.runtime) < 2 or cp.split_mode != "layer" or not cp.blocks or \
+            cp.parallel == "batch":
+        return None
+    return ({d: list(r) for d, r in cp.blocks.items()}, list(cp.runtime))
+
+
+def try_rehearse(base, args, kwargs, split=None) -> Tuple[Optional[Rehearsal], str]:
+    """(rehearsal, "") or (None, why not) in one line."""
+    try:
+        return rehearse_call(base, args, kwargs, split), ""
+    except Exception as exc:          # a forward that cannot run weightless: say why
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return None, f"{type(exc).__name__}: {first}"
