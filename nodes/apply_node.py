@@ -7,6 +7,7 @@ the pack's engine (runtime/comfy/engine.py). What neither runs yet is a node err
 naming the missing piece.
 """
 import logging
+from dataclasses import replace
 
 import comfy.patcher_extension as ext
 from comfy_api.latest import io
@@ -128,18 +129,30 @@ def _auto_fit_session(plan, workload, spec, strict, inventory, objects, placed, 
     def place(new_plan, objs):
         return place_objects(new_plan, inventory, objs)[0]
 
-    def show(real, ran):
-        if real == workload:
-            how = "plan_json holds this plan (planned at node time for this workload)"
-        elif all(placement_key(ran, c) == placement_key(plan, c) for c in FOLLOWS_LATENT):
+    def show(real, ran, not_rehearsed=""):
+        same_workload = replace(real, text_tokens=workload.text_tokens) == workload
+        same_place = all(placement_key(ran, c) == placement_key(plan, c)
+                         for c in FOLLOWS_LATENT)
+        if same_workload and same_place:
+            how = ("plan_json holds this plan (planned at node time for this workload"
+                   + (", its working memory now rehearsed)" if real.rehearsed_bytes
+                      is not None else ")"))
+        elif same_place:
             how = (f"same placement as plan_json, which was planned for {workload.describe()} "
                    f"({workload.source})")
+        elif same_workload:
+            how = ("plan_json holds the node-time plan for this workload, made with the "
+                   "metadata's working-memory estimate; the working memory rehearsed at "
+                   "the first model call placed this run otherwise")
         else:
             how = (f"plan_json holds the node-time plan for {workload.describe()} "
                    f"({workload.source}); this run was planned again. Connect the "
                    f"sampler's latent to Apply Placement's latent input to plan it at "
                    f"node time.")
-        if real.rehearsed_bytes is not None:
+        if not_rehearsed:
+            how += (f"\nThe diffusion model's working memory is the metadata's estimate: "
+                    f"it could not be rehearsed on the meta device ({not_rehearsed}).")
+        elif real.rehearsed_bytes is not None:
             how += (f"\nThe diffusion model's working memory was rehearsed at this run's "
                     f"first model call: {format_bytes(real.rehearsed_bytes)} of tensors "
                     f"(plus the kernel workspace), in place of the estimate.")

@@ -4,9 +4,7 @@ runs (`DiskLayout`) that are read with pread straight into a caller's buffer (a 
 slot or a ring slot), never the whole file into RAM. Several reads are in flight at once
 (runtime/readpool: a few reader threads kept for the file's life). A file changed or
 truncated while streaming is refused."""
-import json
 import os
-import struct
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -120,25 +118,16 @@ class WeightFile:
 
 class SafetensorsFile(WeightFile):
     def _parse(self, path: str) -> None:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) != 8:
-                raise PlacementError(f"{path}: not a safetensors file (too short)")
-            (n,) = struct.unpack("<Q", head)
-            try:
-                header = json.loads(fh.read(n))
-            except (ValueError, UnicodeDecodeError):
-                raise PlacementError(f"{path}: not a safetensors file (bad header)") from None
-        base = 8 + n
-        for key, info in header.items():
-            if key == "__metadata__":
-                continue
-            dtype = _ST_DTYPES.get(info["dtype"])
+        # the planner's reader: validated once per file version, one PlacementError line
+        from ..placement.metadata.safetensors_header import read_header
+        header = read_header(path)
+        for e in header.entries:
+            dtype = _ST_DTYPES.get(e.dtype)
             if dtype is None:
-                self.unsupported[key] = f"stored as {info['dtype']}"
+                self.unsupported[e.name] = f"stored as {e.dtype}"
                 continue
-            start, end = info["data_offsets"]
-            self.entries[key] = (dtype, tuple(info["shape"]), base + start, end - start)
+            self.entries[e.name] = (dtype, e.shape, header.data_start + e.begin,
+                                    e.end - e.begin)
 
 
 class GGUFFile(WeightFile):
@@ -152,8 +141,29 @@ class GGUFFile(WeightFile):
         except ImportError:
             raise PlacementError("disk residency from a .gguf file needs the 'gguf' "
                                  "package (pip install gguf)") from None
-        reader = gguf.GGUFReader(path)
+        try:
+            reader = gguf.GGUFReader(path)
+        except OSError as e:
+            raise PlacementError(f"cannot read {path}: {e.strerror or e}") from None
+        except Exception as e:  # whatever numpy/struct raise on a malformed file
+            detail = (str(e).splitlines() or [""])[0][:120]
+            raise PlacementError(f"{path}: not a readable GGUF file "
+                                 f"({type(e).__name__}: {detail})") from None
+        try:
+            self._entries_of(reader, path)
+        except PlacementError:
+            raise
+        except Exception as e:
+            raise PlacementError(f"{path}: bad GGUF tensor table ({type(e).__name__})") from None
+        finally:
+            del reader
+
+    def _entries_of(self, reader, path: str) -> None:
+        size = os.path.getsize(path)
         for t in reader.tensors:
+            if int(t.data_offset) + int(t.n_bytes) > size:
+                raise PlacementError(f"{path}: bad GGUF tensor table: tensor {t.name!r} "
+                                     f"ends past the end of the file")
             qname = t.tensor_type.name
             dtype = self._RAW.get(qname)
             if dtype is None:                 # quantized: its raw bytes, for modules that
@@ -163,7 +173,6 @@ class GGUFFile(WeightFile):
                 continue
             shape = tuple(int(d) for d in reversed(list(t.shape)))   # ggml order is reversed
             self.entries[t.name] = (dtype, shape, int(t.data_offset), int(t.n_bytes))
-        del reader
 
 
 def open_weight_file(path: str, **readers) -> WeightFile:

@@ -3,7 +3,7 @@ the weights. Every way a file can be wrong becomes one PlacementError line."""
 import json
 import os
 import struct
-from typing import Dict, List, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 from ..errors import PlacementError
 from .tensors import SAFETENSORS_DTYPES, TensorInfo
@@ -13,9 +13,44 @@ from .tensors import SAFETENSORS_DTYPES, TensorInfo
 MAX_HEADER_BYTES = 100_000_000
 
 
-def read_safetensors(path) -> Tuple[List[TensorInfo], Dict[str, str]]:
-    """(tensors in file order, the '__metadata__' strings)."""
+class Entry(NamedTuple):
+    """One tensor of a validated header; offsets are into the data section."""
+    name: str
+    dtype: str                   # the safetensors name: 'BF16', 'F8_E4M3', ...
+    shape: Tuple[int, ...]
+    begin: int
+    end: int
+
+
+class Header(NamedTuple):
+    data_start: int              # byte offset of the data section in the file
+    entries: Tuple[Entry, ...]   # in header order
+    metadata: Dict[str, str]
+
+
+_HEADERS: Dict[tuple, Header] = {}     # (path, size, mtime_ns) -> Header, validated once
+_HEADER_CACHE = 64
+
+
+def read_header(path) -> Header:
+    """The validated header of a .safetensors file (read and checked once per file
+    version); every way it can be wrong is one PlacementError line."""
     name = os.fspath(path)
+    try:
+        st = os.stat(name)
+    except OSError as e:
+        raise PlacementError(f"cannot read {name}: {e.strerror or e}") from None
+    key = (os.path.realpath(name), st.st_size, st.st_mtime_ns)
+    hit = _HEADERS.get(key)
+    if hit is None:
+        hit = _read(name)
+        if len(_HEADERS) >= _HEADER_CACHE:
+            _HEADERS.pop(next(iter(_HEADERS)))
+        _HEADERS[key] = hit
+    return hit
+
+
+def _read(name: str) -> Header:
     try:
         with open(name, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -31,12 +66,35 @@ def read_safetensors(path) -> Tuple[List[TensorInfo], Dict[str, str]]:
             raw = f.read(length)
     except OSError as e:
         raise PlacementError(f"cannot read {name}: {e.strerror or e}") from None
-    return parse_header(raw, size - 8 - length, name)
+    entries, meta = parse_entries(raw, size - 8 - length, name)
+    return Header(8 + length, tuple(entries), meta)
+
+
+def read_safetensors(path) -> Tuple[List[TensorInfo], Dict[str, str]]:
+    """(tensors in file order, the '__metadata__' strings)."""
+    header = read_header(path)
+    return _tensor_infos(header.entries), dict(header.metadata)
 
 
 def parse_header(raw: bytes, data_bytes: int, name: str = "<header>"
                  ) -> Tuple[List[TensorInfo], Dict[str, str]]:
     """Validate and decode a header; `data_bytes` is the size of the data section."""
+    entries, meta = parse_entries(raw, data_bytes, name)
+    return _tensor_infos(entries), meta
+
+
+def _tensor_infos(entries) -> List[TensorInfo]:
+    out = []
+    for e in entries:
+        known = SAFETENSORS_DTYPES[e.dtype]
+        out.append(TensorInfo(e.name, e.shape, known[0], e.end - e.begin))
+    return out
+
+
+def parse_entries(raw: bytes, data_bytes: int, name: str = "<header>"
+                  ) -> Tuple[List[Entry], Dict[str, str]]:
+    """The header's entries, each checked: a known dtype, a shape of counts, offsets
+    inside the data section that span exactly the shape's bytes, no two overlapping."""
     try:
         header = json.loads(raw)
     except (ValueError, RecursionError) as e:     # UnicodeDecodeError is a ValueError
@@ -47,7 +105,7 @@ def parse_header(raw: bytes, data_bytes: int, name: str = "<header>"
     meta = header.pop("__metadata__", None) or {}
     if not isinstance(meta, dict):
         raise PlacementError(f"{name}: bad safetensors header: __metadata__ is not an object")
-    tensors = []
+    entries = []
     spans = []
     for key, entry in header.items():
         try:
@@ -72,14 +130,14 @@ def parse_header(raw: bytes, data_bytes: int, name: str = "<header>"
         if end - begin != nbytes:
             raise PlacementError(f"{name}: bad safetensors header: tensor {key!r} spans "
                                  f"{end - begin} bytes, its shape and dtype need {nbytes}")
-        tensors.append(TensorInfo(key, tuple(shape), known[0], nbytes))
+        entries.append(Entry(key, dtype, tuple(shape), begin, end))
         spans.append((begin, end, key))
     spans.sort()
     for (_, end_a, key_a), (begin_b, _, key_b) in zip(spans, spans[1:]):
         if begin_b < end_a:
             raise PlacementError(f"{name}: bad safetensors header: tensors {key_a!r} and "
                                  f"{key_b!r} overlap")
-    return tensors, {str(k): str(v) for k, v in meta.items()}
+    return entries, {str(k): str(v) for k, v in meta.items()}
 
 
 def _is_count(x) -> bool:

@@ -37,8 +37,8 @@ class Workload:
     batch: int = 1
     steps: int = 20
     cond_batch: int = 1                            # 2: cond and uncond in one batch (CFG)
-    text_tokens: Optional[int] = None              # the prompt's length; None: not known
     source: str = field(default="default", compare=False)
+    text_tokens: Optional[int] = None              # the prompt's length; None: not known
     # the diffusion model's working memory rehearsed at this workload's first model call
     # (rehearse_call.py); None: not yet, the metadata's estimate stands in
     rehearsed_bytes: Optional[int] = field(default=None, compare=False)
@@ -219,7 +219,8 @@ class AutoFitSession:
 
     replan(workload, pins) -> Plan plans again (pins: the node-time plan, whose
     components other than FOLLOWS_LATENT keep their placement); place(plan, {component:
-    object}) -> {component: placed} places; show(workload, plan) tells the node."""
+    object}) -> {component: placed} places; show(workload, plan, why_not_rehearsed)
+    tells the node."""
 
     def __init__(self, plan: Plan, workload: Workload, replan: Callable, place: Callable,
                  show: Callable, vae_input=None, vae_output=None):
@@ -273,7 +274,8 @@ class AutoFitSession:
     def _run(self, executor, guider, workload, plan, run, kwargs, probe):
         self.last = (workload, plan)
         self._use_vae(plan)
-        self.show(workload, plan)
+        if probe is None:        # else the node is told once the rehearsal has planned
+            self.show(workload, plan, self.unrehearsable.get(workload, ""))
         if placement_key(plan, "diffusion") != placement_key(self.plan0, "diffusion"):
             return self._swapped(executor, guider, plan, run, kwargs, probe)
         saved = guider.model_options
@@ -293,6 +295,7 @@ class AutoFitSession:
             self.unrehearsable[workload] = why
             log.warning("placement: the working memory of this run could not be "
                         "rehearsed (%s); the plan keeps the metadata's estimate", why)
+            self.show(workload, plan, why)
             return
         self.rehearsals[workload] = got
         known = self.known(workload)

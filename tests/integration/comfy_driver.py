@@ -398,6 +398,7 @@ class ForwardRecorder:
     def __init__(self):
         self.seen = []
         self.loads = []
+        self.rehearsals = 0
         self._hook = None
         self._orig_load = None
 
@@ -407,6 +408,9 @@ class ForwardRecorder:
             if name in self.WATCH:
                 devices = sorted({str(p.device) for p in module.parameters()})
                 inputs = sorted({str(a.device) for a in args if torch.is_tensor(a)})
+                if devices == ["meta"]:     # a weightless copy rehearsing the working
+                    self.rehearsals += 1    # memory (rehearse_call.py): nothing computed
+                    return
                 self.seen.append({"module": name, "param_devices": devices,
                                   "input_devices": inputs})
         self._hook = torch.nn.modules.module.register_module_forward_pre_hook(hook)
@@ -1171,6 +1175,7 @@ async def main():
             executor, pipeline(backend="diffusion=cpu,vae=cpu", params_backend="*=cpu",
                                tag="placed", keep=True), "placed")
     RESULTS["placed_forward"] = rec.summary()
+    RESULTS["placed_rehearsals"] = rec.rehearsals
     RESULTS["placed_loads"] = rec.loads
     before, after = KEPT.get("reference"), KEPT.get("placed")
     if before and after:

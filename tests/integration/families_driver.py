@@ -532,6 +532,13 @@ def way_setup(way, key):
     if way in ("layer", "row"):
         return ({"backend": "diffusion=cuda0&cuda1", "params_backend": "diffusion=cpu",
                  "split_mode": way}, split)
+    if way == "auto_fit_rehearsed":
+        # a budget the node-time estimate finds too small to hold the model whole, and
+        # the run's rehearsal (a few hundred KiB at these sizes) finds large enough:
+        # sampling re-plans at its first model call and runs the model resident
+        total = nonblock + sum(sizes)
+        return ({"auto_fit": True, "max_vram": f"cuda0={(total + (4 << 20)) / 2 ** 30:.6f}"},
+                "cuda0=8GiB@workspace=0")
     if way == "auto_fit":
         # budgets as a user gives them (max_vram, GiB): the stream budget and the planner's
         # working memory with its fixed GPU workspace; devices larger, as real ones are
@@ -545,11 +552,16 @@ def way_facts(tag):
     """What the placed run did: its plan per device beside the ledger's measurements."""
     model = KEPT.get(tag + "_placed", {}).get("model")
     session = model.get_attachment("placement") if model is not None else None
-    stats = getattr(session, "last_stats", None) or {}
     # the plan that ran: sampling planned again with the working memory its first model
     # call rehearsed (runtime/comfy/workload.py); the node-time plan where it did not
     run = model.get_attachment("placement_autofit") if model is not None else None
     last = getattr(run, "last", None)
+    if last is not None:                 # a plan that placed the model otherwise ran a copy
+        key = pack_module("runtime.comfy.workload").placement_key(last[1], "diffusion")
+        for k, _, placed in getattr(run, "models", []):
+            if k == key:
+                session = placed.get_attachment("placement")
+    stats = getattr(session, "last_stats", None) or {}
     plan = last[1].to_dict() if last else (PLANS.get(tag + "_placed") or {})
     node_plan = PLANS.get(tag + "_placed") or {}
     comp = (plan.get("components") or {}).get("diffusion") or {}
@@ -573,6 +585,8 @@ def way_facts(tag):
                                .get("diffusion") or {}).get("headroom_bytes"),
             "headroom_basis": next((r for r in comp.get("reasons") or []
                                     if "working memory" in r), None),
+            "node_diffusion": {k: ((node_plan.get("components") or {}).get("diffusion") or {})
+                               .get(k) for k in ("runtime", "params", "stream")},
             "node_planned": {d["name"]: d.get("planned_bytes")
                              for d in node_plan.get("devices", []) if d.get("kind") == "gpu"},
             "rehearsed_bytes": getattr(last[0], "rehearsed_bytes", None) if last else None,

@@ -88,6 +88,8 @@ def test_placed_workflow_runs_where_planned(results):
     fwd = results["placed_forward"]
     assert fwd["Flux"]["calls"] >= 2 and fwd["Flux"]["param_devices"] == ["cpu"]
     assert fwd["Flux"]["input_devices"] == ["cpu"]
+    # the first model call was rehearsed once on a weightless copy (its working memory)
+    assert results["placed_rehearsals"] == 1
     assert fwd["Decoder"]["calls"] >= 1 and fwd["Decoder"]["param_devices"] == ["cpu"]
     # The plan is shown in both nodes, and Apply says what it did.
     shown = ui_text(rec, "11")

@@ -128,6 +128,30 @@ def test_plans_match_what_ran(results, key):
 
 
 @pytest.fixture(scope="module")
+def rehearsed(tmp_path_factory):
+    return run_driver(DRIVER, "FAMILIES_RESULTS", tmp_path_factory.mktemp("rehearsed"),
+                      extra=["--depth", "4", "--families", "flux1,wan21",
+                             "--ways", "auto_fit_rehearsed"])["families"]
+
+
+@pytest.mark.parametrize("key", ["flux1_d4", "wan21_d4"])
+def test_a_rehearsal_that_changes_the_plan_samples_with_the_new_one(rehearsed, key):
+    """At node time the estimate (tens of MiB of working memory at these widths) leaves
+    too little of the budget to hold the model on cuda0; the first model call's
+    rehearsal finds a few hundred KiB, the run is planned again, and sampling starts
+    over with the model resident there: the same latent, the plan that ran shown."""
+    w = rehearsed[key]["ways"]["auto_fit_rehearsed"]
+    assert w["ok"], (w.get("error"), w.get("compare"))
+    facts = w["facts"]
+    node = facts["node_diffusion"]
+    assert (node["runtime"], node["params"], node["stream"]) != \
+        (["cuda0"], "cuda0", None), facts                    # node time: not resident
+    assert facts["runtime"] == ["cuda0"] and facts["params"] == "cuda0", facts
+    assert facts["stream"] is None and facts["mode"] == "resident", facts
+    check_plan_matches_run(key, "auto_fit_rehearsed", facts)
+
+
+@pytest.fixture(scope="module")
 def doubled(tmp_path_factory):
     """The same families at twice the latent's height and width (four times the image
     tokens): the working memory must follow the family's real growth."""
