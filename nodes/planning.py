@@ -54,7 +54,8 @@ def describe_object(component: str, obj, workload=None) -> ComponentInfo:
         info = describe_component(component, [module], **size)
         if component == "diffusion" and getattr(workload, "rehearsed_bytes", None) is not None:
             return with_rehearsal(info, workload.rehearsed_bytes,
-                                  getattr(workload, "rehearsed_per_device", ()))
+                                  getattr(workload, "rehearsed_per_device", ()),
+                                  getattr(workload, "rehearsed_input_bytes", 0))
         if workload is not None and component in ("diffusion", "controlnet"):
             info = with_cond_batch(info, workload.cond_batch)
         return info
@@ -63,20 +64,26 @@ def describe_object(component: str, obj, workload=None) -> ComponentInfo:
                              warnings=(f"{component}: described by size only ({exc})",))
 
 
-def with_rehearsal(info: ComponentInfo, working: int, per_device=()) -> ComponentInfo:
+def with_rehearsal(info: ComponentInfo, working: int, per_device=(), inputs: int = 0
+                   ) -> ComponentInfo:
     """The working memory a run's first model call rehearsed (runtime/comfy/
-    rehearse_call.py), plus the kernel workspace, in place of the estimate (per device
-    for a layer split)."""
+    rehearse_call.py): the tensors it computes at their peak (per device for a layer
+    split) and its inputs (on the main device), plus the kernel workspace, in place of
+    the estimate."""
     from dataclasses import replace
     from ..placement.metadata import headroom as hr
     from ..placement.units import format_bytes
     where = "; " + ", ".join(f"{d} {format_bytes(b)}" for d, b in per_device) \
         if per_device else ""
-    return replace(info, headroom_bytes=hr.WORKSPACE + int(working),
+    main = per_device[0][0] if per_device else None
+    return replace(info, headroom_bytes=hr.WORKSPACE + int(working) + int(inputs),
                    workspace_bytes=hr.WORKSPACE,
-                   headroom_per_device=tuple((d, hr.WORKSPACE + int(b)) for d, b in per_device),
+                   headroom_per_device=tuple(
+                       (d, hr.WORKSPACE + int(b) + (int(inputs) if d == main else 0))
+                       for d, b in per_device),
                    headroom_basis=f"rehearsed at this run's shapes: {format_bytes(working)}"
-                                  f"{where} + {format_bytes(hr.WORKSPACE)} workspace")
+                                  f"{where} + {format_bytes(inputs)} of inputs + "
+                                  f"{format_bytes(hr.WORKSPACE)} workspace")
 
 
 def with_cond_batch(info: ComponentInfo, cond_batch: int) -> ComponentInfo:

@@ -30,6 +30,7 @@ from ...runtime.blocks import find_blocks
 from ...runtime.rehearse import rehearse, rehearse_split
 from ...runtime.shadow import structural_copy
 from ...runtime.split.layer import ranges_to_owner
+from ...runtime.tensors import seen_bytes
 from .skips import skip_follow_patch
 
 _COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # network -> copy
@@ -42,10 +43,12 @@ class Rehearsal:
     seconds: float
     inputs: str                # the network's input shapes, in words
     per_device: Tuple[Tuple[str, int], ...] = ()   # a layer split: the peak on each device
+    input_bytes: int = 0       # the network's inputs, held on the main device throughout
 
     def to_dict(self) -> dict:
         return {"working_bytes": self.working_bytes, "seconds": round(self.seconds, 3),
-                "inputs": self.inputs, "per_device": dict(self.per_device)}
+                "inputs": self.inputs, "per_device": dict(self.per_device),
+                "input_bytes": self.input_bytes}
 
 
 class _Called(Exception):
@@ -164,7 +167,8 @@ def rehearse_call(base, args, kwargs, split=None) -> Rehearsal:
             results[key] = tuple(zip(split[1], peaks)) if peaks else ()
         per_device = results[key]
     return Rehearsal(results[sig], time.perf_counter() - start,
-                     _describe(net_args, net_kwargs), per_device)
+                     _describe(net_args, net_kwargs), per_device,
+                     seen_bytes(net_args, net_kwargs))
 
 
 def plan_split(plan, component: str = "diffusion"):

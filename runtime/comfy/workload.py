@@ -43,6 +43,7 @@ class Workload:
     # (rehearse_call.py); None: not yet, the metadata's estimate stands in
     rehearsed_bytes: Optional[int] = field(default=None, compare=False)
     rehearsed_per_device: Tuple[Tuple[str, int], ...] = field(default=(), compare=False)
+    rehearsed_input_bytes: int = field(default=0, compare=False)   # held on the main device
 
     def plan_args(self) -> dict:
         """Keyword arguments of placement.resolve.plan for this workload (auto-fit)."""
@@ -252,7 +253,8 @@ class AutoFitSession:
         """`workload` with its rehearsed working memory when a run rehearsed it."""
         hit = self.rehearsals.get(workload)
         return workload if hit is None else replace(
-            workload, rehearsed_bytes=hit.working_bytes, rehearsed_per_device=hit.per_device)
+            workload, rehearsed_bytes=hit.working_bytes, rehearsed_per_device=hit.per_device,
+            rehearsed_input_bytes=hit.input_bytes)
 
     def outer_sample(self, executor, noise, latent_image, sampler, sigmas, *args, **kwargs):
         guider = executor.class_obj
