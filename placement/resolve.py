@@ -262,6 +262,7 @@ def explicit_plan(request: Request, inventory: Inventory, infos) -> Plan:
         _sizes(cp, info)
         comps[comp] = cp
     devices = device_plans(inventory, request.budgets)
+    refuse_what_the_runtime_refuses(devices, comps, infos)
     phases = _account(devices, comps, infos, warnings)
     plan = Plan(devices, comps, warnings)
     plan.extra["device_phases"] = phases     # what planned_bytes is the max of (the editor draws it)
@@ -344,6 +345,79 @@ def _device_shares(cp: ComponentPlan, info) -> Dict[str, int]:
     share = {d: sum(b.nbytes for b in info.blocks[r[0]:r[1] + 1]) for d, r in cp.blocks.items()}
     share[cp.main_device] = share.get(cp.main_device, 0) + info.non_block_bytes
     return share
+
+
+def _least_weights(cp: ComponentPlan, info) -> Optional[Dict[str, int]]:
+    """The weight bytes the runtime must allocate on each device for `cp` before it can
+    run (a streamed range at least its ring), by the runtime's own arithmetic
+    (placement/layout.py); None where that is not modelled here (a row split's shards,
+    a streamed batch-parallel copy)."""
+    if info is None:
+        return None
+    if cp.split_mode == "row" and cp.is_split and cp.parallel != "batch":
+        return None
+    if cp.parallel == "batch":
+        return None if cp.stream is not None else {d: info.total_bytes for d in cp.runtime}
+    if not (cp.is_split and cp.blocks and info.blocks):
+        return _device_shares(cp, info)
+    need = {}
+    for d, (first, last) in cp.blocks.items():
+        sizes = [b.nbytes for b in info.blocks[first:last + 1]]
+        need[d] = ring_bytes(sizes, cp.stream.prefetch_depth) if cp.stream is not None \
+            else sum(sizes)
+    need[cp.main_device] = need.get(cp.main_device, 0) + info.non_block_bytes
+    return need
+
+
+def _fix(cp: ComponentPlan, info, name: str, need: int) -> str:
+    """One change that makes the weights fit on device `name`."""
+    raise_it = f"raise max_vram {name} to {format_bytes(need)} or more"
+    if cp.stream is None and cp.component in STREAMED_BY_DEFAULT and info.blocks:
+        return "turn on stream_layers" + (" (each device streams its range)"
+                                          if cp.is_split else "")
+    if not cp.is_split and info.blocks:
+        return f"{raise_it}, or split it (e.g. {cp.component}={name}&<another GPU>)"
+    return raise_it
+
+
+def refuse_what_the_runtime_refuses(devices: List[DevicePlan],
+                                    comps: Dict[str, ComponentPlan], infos) -> None:
+    """An explicit plan whose weights cannot be allocated where it puts them (the
+    resident part, a ring, a split range, the non-block weights) under the device's
+    budget (else its free memory) is refused here, in one line naming the device, what
+    does not fit, by how much and one change that fixes it; the runtime would refuse it
+    at load. Working memory comes on top: an explicit plan that leaves too little for
+    it is warned about (_account), since its size is known only when the run starts."""
+    from .components import PHASES
+    by_name = {d.name: d for d in devices}
+    held: Dict[tuple, List[tuple]] = {}
+    for cp in comps.values():
+        info = infos.get(cp.component)
+        if not cp.present:
+            continue
+        need = _least_weights(cp, info)
+        for d, b in (need or {}).items():
+            if d in by_name and by_name[d].kind != "cpu" and b > 0:
+                held.setdefault((d, PHASES[cp.component]), []).append((b, cp))
+    for (name, phase), parts in held.items():
+        dev = by_name[name]
+        limit = dev.free_bytes if dev.budget_bytes is None else \
+            min(dev.budget_bytes, dev.free_bytes)
+        total = sum(b for b, _ in parts)
+        if total <= limit:
+            continue
+        b, cp = max(parts, key=lambda x: x[0])
+        what = ("budget" if dev.budget_bytes is not None and dev.budget_bytes <= dev.free_bytes
+                else "free memory")
+        kind = ("its streaming ring and resident blocks" if cp.stream is not None and
+                not cp.is_split else "its block range" if cp.is_split else "its weights")
+        others = f" (with {format_bytes(total - b)} of other {phase} components)" \
+            if len(parts) > 1 else ""
+        raise PlacementError(
+            f"{name}: {cp.component} needs {format_bytes(b)} for {kind} there{others} but "
+            f"the {what} of {name} is {format_bytes(limit)}, short by "
+            f"{format_bytes(total - limit)}; "
+            f"{_fix(cp, infos.get(cp.component), name, total)}")
 
 
 def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,

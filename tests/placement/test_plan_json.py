@@ -14,8 +14,9 @@ def _flux_like(total_blocks=10, block=GiB):
 
 
 def test_json_v1_keys_and_round_trip(seed_inventory):
+    # 10.5 GiB over budgets of 6 and 2 GiB: each device streams its range
     p = plan(PlacementSpec(backend="diffusion=cuda0&cuda1,te=cpu", params_backend="vae=disk",
-                           max_vram="cuda0=6,cuda1=2"), seed_inventory,
+                           max_vram="cuda0=6,cuda1=2", stream_layers=True), seed_inventory,
              components={"diffusion": _flux_like()})
     data = json.loads(p.to_json())
     assert data["version"] == 1
@@ -44,10 +45,29 @@ def test_stream_layers_without_auto_fit(seed_inventory):
     assert data["components"]["diffusion"]["stream"]["prefetch_depth"] >= 1
 
 
-def test_overrun_is_warned_not_hidden(seed_inventory):
-    p = plan(PlacementSpec(backend="cuda1", max_vram="cuda1=4"), seed_inventory,
+def test_weights_past_the_budget_are_refused_in_one_line(seed_inventory):
+    """The runtime could not allocate them (issue 21 item 4): plan() says where, by how
+    much, and one change that fixes it."""
+    with pytest.raises(PlacementError) as err:
+        plan(PlacementSpec(backend="cuda1", max_vram="cuda1=4"), seed_inventory,
              components={"diffusion": _flux_like()})
-    assert any("cuda1" in w and "budget" in w for w in p.warnings)
+    assert str(err.value) == ("cuda1: diffusion needs 10.50 GiB for its weights there but "
+                              "the budget of cuda1 is 4.00 GiB, short by 6.50 GiB; turn on "
+                              "stream_layers")
+    with pytest.raises(PlacementError, match="short by .*; raise max_vram cuda1 to"):
+        plan(PlacementSpec(backend="cuda1", max_vram="cuda1=0.5", stream_layers=True),
+             seed_inventory, components={"diffusion": _flux_like()})
+
+
+def test_working_memory_past_the_budget_is_warned_not_hidden(seed_inventory):
+    """Weights that fit and working memory that may not: warned (its size is known only
+    when the run starts), and the report shows the deficit."""
+    from dataclasses import replace
+    info = replace(_flux_like(), headroom_bytes=2 * GiB)
+    p = plan(PlacementSpec(backend="cuda1", max_vram="cuda1=11"), seed_inventory,
+             components={"diffusion": info})
+    assert any(w.startswith("cuda1: plan needs 10.50 GiB of weights and about 2.00 GiB of "
+                            "working memory") for w in p.warnings), p.warnings
     assert "DEFICIT" in p.report()
 
 

@@ -117,16 +117,79 @@ def test_plan_returns_then_place_runs(models, arch, backend, param, split, strea
                 with torch.no_grad():
                     out = module(**inp)[0]
     except Exception as exc:        # noqa: BLE001  (the property: nothing but a told overrun)
-        overrun = [w for w in p.warnings if "plan needs" in w]
-        assert not auto and overrun, (f"plan for {cp.runtime} params={cp.params} "
-                                      f"split={cp.split_mode} stream={cp.stream} did not run: "
-                                      f"{type(exc).__name__}: {exc}")
+        # an explicit plan's weights are checked by plan() with the runtime's arithmetic
+        # (a refusal above); what it cannot know is the working memory of the forward,
+        # which it warns about: running out of that, and only that, is the told outcome
+        told = [w for w in p.warnings if "working memory" in w]
+        working = isinstance(exc, torch.OutOfMemoryError) and "computed there" in str(exc)
+        # host RAM smaller than the weights resting there: warned, not refused (a real
+        # machine's free RAM moves; the runtime finds out)
+        host = str(exc).startswith("cpu:") and any(w.startswith("cpu: plan needs")
+                                                    for w in p.warnings)
+        # a row split's shard bytes are not modelled by the planner yet (issue 21 item 3)
+        row = cp.split_mode == "row" and cp.is_split
+        assert not auto and (told and working or host or row), (
+            f"plan for {cp.runtime} params={cp.params} split={cp.split_mode} "
+            f"stream={cp.stream} did not run: {type(exc).__name__}: {exc}")
         return
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
     # auto-fit's plan runs as planned: the runtime never re-derives its ranges or prefixes
     redone = [str(w.message) for w in caught if "do not match" in str(w.message)
               or "sized from the budget" in str(w.message)]
     assert not auto or not redone, redone
+
+
+def _edges(module):
+    """(non-block bytes, largest block bytes) as the runtime finds the blocks."""
+    from comfyui_placement.runtime.blocks import find_blocks
+    sizes = [sum(p.numel() * p.element_size() for p in b.parameters())
+             for _, b in find_blocks(module)]
+    total = sum(p.numel() * p.element_size() for p in module.parameters())
+    return total - sum(sizes), max(sizes)
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(arch=st.sampled_from(["flux", "sd3"]),
+       backend=st.sampled_from(["cuda0", "cuda0&cuda1"]), param=st.sampled_from(
+           [None, "cpu", "disk"]), split=st.sampled_from([None, "row"]), stream=st.booleans(),
+       j0=st.integers(0, 4), j1=st.integers(0, 4), m0=st.sampled_from([0.8, 0.9, 1.0, 1.1, 1.2]),
+       m1=st.sampled_from([0.8, 1.0, 1.2]))
+def test_explicit_plans_at_edge_budgets(models, arch, backend, param, split, stream, j0, j1,
+                                        m0, m1):
+    """Issue 21 item 4: budgets within about 20% of the non-block weights plus a few of
+    the largest blocks, where the runtime's arithmetic decides: plan() refuses what
+    place() would (in one line), and whatever it accepts runs, except for running out of
+    the working memory it warned about."""
+    module, inp, ref, path, size = models[arch]
+    nb, blk = _edges(module)
+    # a little room on top (these tiny forwards compute 50-300 KiB): most draws leave
+    # too little for the weights or for the working memory, where the runtime decides
+    room = 32 * KiB
+    b0 = int(nb + j0 * blk * m0) + room
+    b1 = int(j1 * blk * m1) + room
+    inv = Inventory.simulated(f"cuda0={b0 // KiB + 1}KiB,cuda1={b1 // KiB + 1}KiB,cpu=64GiB")
+    try:
+        p = plan(_spec(backend, param, split, stream, False, "auto"), inv,
+                 {"diffusion": module}, resolution=(64, 64))
+    except PlacementError as exc:
+        assert "\n" not in str(exc) and "short by" in str(exc) or "split" in str(exc), exc
+        return
+    cp = p.components["diffusion"]
+    try:
+        with place(module, p, "diffusion", inv, weights_file=path):
+            with torch.no_grad():
+                out = module(**inp)[0]
+    except Exception as exc:        # noqa: BLE001
+        told = [w for w in p.warnings if "working memory" in w]
+        working = isinstance(exc, torch.OutOfMemoryError) and "computed there" in str(exc)
+        row = cp.split_mode == "row" and cp.is_split
+        assert told and working or row, (
+            f"plan() accepted {cp.runtime} params={cp.params} split={cp.split_mode} "
+            f"stream={cp.stream} at cuda0={b0}, cuda1={b1} (non-block {nb}, block {blk}) "
+            f"and place() refused: {type(exc).__name__}: {exc}")
+        return
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
 def _batched(inp, n):

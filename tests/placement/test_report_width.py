@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+from dataclasses import replace
+
 import pytest
 
 from helpers import tiny_files as tf
@@ -148,8 +150,8 @@ def test_a_plan_without_models_shows_every_component():
 
 
 def test_explicit_plan_warnings_wrap():
-    info = _sized("diffusion", 40, 300 * MiB)
-    p = make_plan(PlacementSpec(backend="cuda1", max_vram="cuda1=4"),
+    info = replace(_sized("diffusion", 40, 300 * MiB), headroom_bytes=2 << 30)
+    p = make_plan(PlacementSpec(backend="cuda1", max_vram="cuda1=11.9"),
                   Inventory.simulated("cuda0=24GiB,cuda1=12GiB,cpu=64GiB"),
                   components={"diffusion": info})
     text = p.report()
