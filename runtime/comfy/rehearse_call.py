@@ -7,8 +7,8 @@ model call of a run, that preparation runs once more with a stand-in network tha
 records its inputs; then a weightless copy of the real network (every parameter on the
 meta device, runtime/shadow.py) runs those inputs under the working-memory meter
 (runtime/rehearse.py). What comes out is the family's own working memory at this call's
-real shapes (latent patching, text tokens, frames, CFG batch, attention as a fused
-kernel) at full width, in about a second, with no weight read and nothing computed.
+real shapes (latent patching, text tokens, frames, attention as a fused kernel) and the
+workload's whole batch (cond and uncond together, as ComfyUI runs them when it can) at full width, in about a second, with no weight read and nothing computed.
 
 In the copy ComfyUI's cast layers compute plainly (no cast, no LoRA weight function: a
 patch changes weights, not activations) and every floating weight has the compute dtype
@@ -23,7 +23,7 @@ import weakref
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ...placement.errors import PlacementError
 from ...runtime.blocks import find_blocks
@@ -143,7 +143,26 @@ def _split_peaks(copy, net_args, net_kwargs, split) -> Optional[Tuple[int, ...]]
                                 _with_skip_patch))
 
 
-def rehearse_call(base, args, kwargs, split=None) -> Rehearsal:
+def _at_batch(args, kwargs, batch: int):
+    """The call on meta with `batch` items where it has fewer: ComfyUI runs cond and
+    uncond as one batch when the device's free memory allows at that moment, else one
+    after the other; the plan is made for the whole batch, whichever the first call
+    got (every tensor whose first dimension is the input's batch, grown to `batch`)."""
+    from ...runtime.rehearse import _meta
+    args, kwargs = tree_map(_meta, tuple(args)), tree_map(_meta, dict(kwargs))
+    first = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].ndim else None
+    if first is None or batch <= first.shape[0]:
+        return args, kwargs
+    have = first.shape[0]
+
+    def grow(t):
+        if isinstance(t, torch.Tensor) and t.ndim and t.shape[0] == have:
+            return t.new_empty((batch,) + tuple(t.shape[1:]))
+        return t
+    return tree_map(grow, args), tree_map(grow, kwargs)
+
+
+def rehearse_call(base, args, kwargs, split=None, batch=None) -> Rehearsal:
     """Rehearse the diffusion model call that APPLY_MODEL (args, kwargs) will make: the
     whole forward on one device, and with `split` ({device: [first, last]}, [device
     names]) of a layer split the peak on each of its devices too. Raises PlacementError
@@ -152,6 +171,10 @@ def rehearse_call(base, args, kwargs, split=None) -> Rehearsal:
     start = time.perf_counter()
     network = base.diffusion_model
     net_args, net_kwargs = network_inputs(base, args, kwargs)
+    inputs = seen_bytes(net_args, net_kwargs)
+    if batch:
+        net_args, net_kwargs = _at_batch(net_args, net_kwargs, int(batch))
+        inputs = seen_bytes(net_args, net_kwargs)
     results = _RESULTS.setdefault(network, {})
     sig = _signature(net_args, net_kwargs)
     copy = _COPIES.get(network)
@@ -167,8 +190,7 @@ def rehearse_call(base, args, kwargs, split=None) -> Rehearsal:
             results[key] = tuple(zip(split[1], peaks)) if peaks else ()
         per_device = results[key]
     return Rehearsal(results[sig], time.perf_counter() - start,
-                     _describe(net_args, net_kwargs), per_device,
-                     seen_bytes(net_args, net_kwargs))
+                     _describe(net_args, net_kwargs), per_device, inputs)
 
 
 def plan_split(plan, component: str = "diffusion"):
@@ -182,10 +204,11 @@ def plan_split(plan, component: str = "diffusion"):
     return ({d: list(r) for d, r in cp.blocks.items()}, list(cp.runtime))
 
 
-def try_rehearse(base, args, kwargs, split=None) -> Tuple[Optional[Rehearsal], str]:
+def try_rehearse(base, args, kwargs, split=None, batch=None
+                 ) -> Tuple[Optional[Rehearsal], str]:
     """(rehearsal, "") or (None, why not) in one line."""
     try:
-        return rehearse_call(base, args, kwargs, split), ""
+        return rehearse_call(base, args, kwargs, split, batch), ""
     except Exception as exc:          # a forward that cannot run weightless: say why
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return None, f"{type(exc).__name__}: {first}"

@@ -292,7 +292,8 @@ class AutoFitSession:
         rehearse its working memory, plan with it, and go on, or sample again (_Replan)
         where the new plan places the diffusion model otherwise."""
         from .rehearse_call import plan_split, try_rehearse
-        got, why = try_rehearse(base, args, kwargs, plan_split(plan))
+        got, why = try_rehearse(base, args, kwargs, plan_split(plan),
+                                workload.batch * workload.cond_batch)
         if got is None:
             self.unrehearsable[workload] = why
             log.warning("placement: the working memory of this run could not be "

@@ -52,22 +52,13 @@ def test_small_and_large_workflows_get_different_plans(results):
 
 
 def test_the_node_shows_the_plan_that_ran_and_plan_json_holds_it(results):
-    for key in ("small", "latent_input"):
+    # (a rehearsal that places the run otherwise: test_families.py,
+    # test_a_rehearsal_that_changes_the_plan_samples_with_the_new_one)
+    for key in ("small", "large_fresh", "latent_input"):
         text = ran(results[key])
         assert "plan_json holds this plan" in text, (key, text[-300:])
         assert "working memory now rehearsed" in text, (key, text[-300:])
         assert ran_where(text) == json_where(results[key]), key
-
-
-def test_the_rehearsed_working_memory_can_place_the_run_otherwise(results):
-    """At 1024x1024 the node-time estimate of the tiny Flux's working memory does not fit
-    cuda0's 300 MiB beside the workspace, so plan_json computes it on the CPU; the first
-    model call's rehearsal measures far less and the run samples on cuda0, saying so."""
-    fresh = results["large_fresh"]
-    text = ran(fresh)
-    assert "rehearsed at the first model call placed this run otherwise" in text, text[-400:]
-    assert ran_where(text) != json_where(fresh)
-    assert ran_where(text)["diffusion"]["runtime"] == ["cuda0"]
 
 
 def test_sampling_plans_again_when_the_node_planned_for_another_workload(results):
