@@ -107,6 +107,21 @@ def weightless_copy(network: nn.Module, dtype: torch.dtype) -> nn.Module:
     return copy
 
 
+def _fused_attention(func, *args, **kwargs):
+    """ComfyUI's attention override (transformer_options "optimized_attention_override",
+    the point its wrap_attn offers): whichever attention ComfyUI picked (split,
+    sub-quadratic, xformers, sage; some ask the device's free memory, which the meta
+    device has not), the rehearsal runs PyTorch's, whose kernel it counts as fused."""
+    import comfy.ldm.modules.attention as attention
+    return attention.attention_pytorch(*args, **kwargs)
+
+
+def _with_fused_attention(kwargs: dict) -> dict:
+    options = dict(kwargs.get("transformer_options") or {})
+    options["optimized_attention_override"] = _fused_attention
+    return {**kwargs, "transformer_options": options}
+
+
 def _signature(args, kwargs) -> tuple:
     leaves = tree_flatten((args, kwargs))[0]
     return tuple((tuple(t.shape), str(t.dtype)) for t in leaves if isinstance(t, torch.Tensor))
@@ -172,6 +187,7 @@ def rehearse_call(base, args, kwargs, split=None, batch=None) -> Rehearsal:
     network = base.diffusion_model
     net_args, net_kwargs = network_inputs(base, args, kwargs)
     inputs = seen_bytes(net_args, net_kwargs)
+    net_kwargs = _with_fused_attention(net_kwargs)
     if batch:
         net_args, net_kwargs = _at_batch(net_args, net_kwargs, int(batch))
         inputs = seen_bytes(net_args, net_kwargs)

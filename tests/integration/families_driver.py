@@ -54,6 +54,8 @@ def parse_args():
                          "size: the working-memory model's growth)")
     ap.add_argument("--text-tokens", type=int, default=0,
                     help="the prompt's length in tokens for every family (default: its own)")
+    ap.add_argument("--attention", default="pytorch", choices=("pytorch", "split", "quad"),
+                    help="ComfyUI's cross attention (its --use-*-cross-attention flag)")
     ap.add_argument("--simulate", default="",
                     help="COMFYUI_PLACEMENT_SIMULATE inventory for the placed runs "
                          "(e.g. cuda0=1MiB), or auto:F for one device of F x each "
@@ -66,7 +68,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ARGS.comfyui)
 sys.path.insert(0, HERE)
 os.chdir(ARGS.comfyui)
-sys.argv = [sys.argv[0], "--cpu", "--disable-dynamic-vram", "--use-pytorch-cross-attention",
+sys.argv = [sys.argv[0], "--cpu", "--disable-dynamic-vram",
+            {"pytorch": "--use-pytorch-cross-attention", "split": "--use-split-cross-attention",
+             "quad": "--use-quad-cross-attention"}[ARGS.attention],
             "--output-directory", os.path.join(ARGS.work, "output"),
             "--temp-directory", os.path.join(ARGS.work, "tmp")]
 

@@ -152,6 +152,27 @@ def test_a_rehearsal_that_changes_the_plan_samples_with_the_new_one(rehearsed, k
 
 
 @pytest.fixture(scope="module")
+def split_attention(tmp_path_factory):
+    return run_driver(DRIVER, "FAMILIES_RESULTS", tmp_path_factory.mktemp("split_attention"),
+                      extra=["--depth", "4", "--families", "flux1,sd15,wan21",
+                             "--ways", "stream_cpu,layer", "--attention", "split"])["families"]
+
+
+@pytest.mark.parametrize("key", ["flux1_d4", "sd15", "wan21_d4"])
+def test_the_rehearsal_runs_whatever_attention_comfyui_picked(split_attention, key):
+    """ComfyUI's split attention asks the device's free memory, which the meta device
+    has not: the rehearsal runs PyTorch's attention through ComfyUI's own override
+    (transformer_options optimized_attention_override), and the plan still holds (the
+    real run's split attention holds score chunks a fused kernel does not: a few
+    percent here)."""
+    for way in ("stream_cpu", "layer"):
+        facts = split_attention[key]["ways"][way]["facts"]
+        assert facts["rehearsed_bytes"] and not facts["unrehearsable"], facts
+        for name, dev in facts["measured"].items():
+            assert close_to_plan(facts["planned"][name], dev["peak_bytes"]), (way, name, dev)
+
+
+@pytest.fixture(scope="module")
 def doubled(tmp_path_factory):
     """The same families at twice the latent's height and width (four times the image
     tokens): the working memory must follow the family's real growth."""
