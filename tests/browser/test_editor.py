@@ -338,7 +338,15 @@ def test_measured_figures_appear_after_a_run_and_agree_with_the_log(page, server
     planned = bar["label"].split("planned ")[1].split(" of ")[0]
     cuda0_row = next(l for l in text.splitlines() if l.startswith("cuda0 "))
     assert planned in cuda0_row, (planned, cuda0_row)
-    # and the measured line compares the peak with that same planned figure
-    assert f"cuda0 sample {peak_text} (planned {planned})" in rec["lines"][-1], rec["lines"]
+    # and the measured line compares the peak with the plan that ran: the node's plan
+    # made again at the first model call with the working memory rehearsed there (the
+    # node shows that plan's table too, sent when sampling started)
+    ran = page.evaluate("""() => window.comfyPlacement.state(window.__app.graph._nodes.find(
+        (n) => n.comfyClass === 'PlacementApply')).ranText""")
+    assert "plan that ran" in ran and "rehearsed at this run's first model call" in ran, ran
+    ran_row = next(l for l in ran.splitlines() if l.startswith("cuda0 "))
+    ran_planned = rec["lines"][-1].split("cuda0 sample ")[1].split("(planned ")[1].split(")")[0]
+    assert ran_planned in ran_row, (ran_planned, ran_row)
+    assert f"cuda0 sample {peak_text} (planned {ran_planned})" in rec["lines"][-1], rec["lines"]
     # nothing measured goes back into the prompt
     assert "measured" not in json.dumps(graph_prompt(page))
