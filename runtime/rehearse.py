@@ -39,7 +39,8 @@ class _FusedAttention(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _meta(x):
+def meta_like(x):
+    """`x` as an empty meta tensor of its shape and dtype (anything else as it is)."""
     return torch.empty_like(x, device="meta") if isinstance(x, torch.Tensor) else x
 
 
@@ -54,8 +55,8 @@ def _run(module, args, kwargs, meter: WorkMeter, prepare: Optional[Callable] = N
     tensors = list(module.named_parameters()) + list(module.named_buffers())
     # weights on meta made before the meter runs: they are not working memory
     state = None if all(t.is_meta for _, t in tensors) else \
-        {n: _meta(t) for n, t in tensors}
-    margs, mkwargs = tree_map(_meta, tuple(args)), tree_map(_meta, dict(kwargs or {}))
+        {n: meta_like(t) for n, t in tensors}
+    margs, mkwargs = tree_map(meta_like, tuple(args)), tree_map(meta_like, dict(kwargs or {}))
     if prepare is not None:
         margs, mkwargs = prepare(margs, mkwargs)
     with torch.no_grad(), _FusedAttention(), MeterMode(meter):

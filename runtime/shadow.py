@@ -53,10 +53,12 @@ def _copy_tensor(t: torch.Tensor) -> torch.Tensor:
     return v
 
 
-def meta_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A meta tensor of `t`'s shape, strides and dtype (a Parameter for a Parameter)."""
+def meta_tensor(t: torch.Tensor, floating: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A meta tensor of `t`'s shape and dtype (a Parameter for a Parameter); a floating
+    tensor takes `floating` as its dtype when given (the compute dtype of a rehearsal)."""
     data = t.data if isinstance(t, nn.Parameter) else t
-    v = torch.empty_strided(data.size(), data.stride(), dtype=data.dtype, device="meta")
+    dtype = floating if floating is not None and data.is_floating_point() else data.dtype
+    v = torch.empty(tuple(data.size()), dtype=dtype, device="meta")
     return nn.Parameter(v, requires_grad=False) if isinstance(t, nn.Parameter) else v
 
 

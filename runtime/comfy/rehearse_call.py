@@ -27,8 +27,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ...placement.errors import PlacementError
 from ...runtime.blocks import find_blocks
-from ...runtime.rehearse import rehearse, rehearse_split
-from ...runtime.shadow import structural_copy
+from ...runtime.rehearse import meta_like, rehearse, rehearse_split
+from ...runtime.shadow import meta_tensor, structural_copy
 from ...runtime.split.layer import ranges_to_owner
 from ...runtime.tensors import seen_bytes
 from .skips import skip_follow_patch
@@ -91,13 +91,7 @@ def network_inputs(base, args, kwargs) -> Tuple[tuple, dict]:
 
 def weightless_copy(network: nn.Module, dtype: torch.dtype) -> nn.Module:
     """A copy of `network` with meta weights (floating ones in `dtype`), computing plainly."""
-    def meta(t):
-        data = t.data if isinstance(t, nn.Parameter) else t
-        kind = dtype if data.is_floating_point() else data.dtype
-        v = torch.empty(tuple(data.size()), dtype=kind, device="meta")
-        return nn.Parameter(v, requires_grad=False) if isinstance(t, nn.Parameter) else v
-
-    copy, _ = structural_copy(network, meta)
+    copy, _ = structural_copy(network, lambda t: meta_tensor(t, dtype))
     for m in copy.modules():
         if hasattr(m, "comfy_cast_weights"):
             m.comfy_cast_weights = False
@@ -163,8 +157,7 @@ def _at_batch(args, kwargs, batch: int):
     uncond as one batch when the device's free memory allows at that moment, else one
     after the other; the plan is made for the whole batch, whichever the first call
     got (every tensor whose first dimension is the input's batch, grown to `batch`)."""
-    from ...runtime.rehearse import _meta
-    args, kwargs = tree_map(_meta, tuple(args)), tree_map(_meta, dict(kwargs))
+    args, kwargs = tree_map(meta_like, tuple(args)), tree_map(meta_like, dict(kwargs))
     first = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].ndim else None
     if first is None or batch <= first.shape[0]:
         return args, kwargs
