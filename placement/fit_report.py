@@ -290,10 +290,13 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
                            present=True, total_bytes=search.geos[comp].total,
                            resident_bytes=o.resident_bytes, streamed_bytes=o.streamed_bytes,
                            reasons=reasons_for(search, o, use, options, chosen))
+        cp.headroom_bytes = search.geos[comp].headroom
+        cp.held_bytes = held_bytes_of(search, o)
         if o.kind == "stream" or o.per_device is not None:
-            # a split that streams: resident_blocks counts every device's resident prefix;
-            # extra.fit.components[c].stream_per_device has {device: [resident, of blocks]}
-            cp.stream = StreamPlan(o.resident_blocks, o.depth, o.host_blocks)
+            # a split that streams: resident_blocks counts every device's resident prefix,
+            # per_device has {device: [resident, of blocks]}
+            cp.stream = StreamPlan(o.resident_blocks, o.depth, o.host_blocks,
+                                   {n: list(v) for n, v in (o.per_device or {}).items()})
         if o.tile is not None:
             cp.tile = o.tile.edge
             cp.tile_frames = o.tile.frames
@@ -327,7 +330,8 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
             headroom = max((o.host_use for o in chosen.values() if o.kind == "cpu"), default=0)
         planned = max(per_phase.values()) if per_phase else 0
         devices.append(DevicePlan(dev.name, dev.kind, dev.total_bytes, dev.free_bytes, budget,
-                                  planned, dev.description))
+                                  planned, dev.description,
+                                  search.model.throughput.get(dev.name)))
         table.append({"name": dev.name, "kind": dev.kind, "total_bytes": dev.total_bytes,
                       "free_bytes": dev.free_bytes, "budget_bytes": budget, "budget_from": how,
                       "planned_bytes": planned, "phases": per_phase,
@@ -375,14 +379,18 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
             "alternatives_forward_s": alternatives_of(search, c),
             "stream_per_device": None if o.per_device is None else
             {n: list(v) for n, v in o.per_device.items()},
-            "held_bytes": {search.gpus[d]: b for d, b in
-                           sorted({**o.use, **{k: v + o.use.get(k, 0)
-                                               for k, v in o.persist.items()}}.items())},
+            "held_bytes": held_bytes_of(search, o),
         } for c, o in sorted(chosen.items())},
         "cost_model": dict(search.model.describe(), links=search.model.links(search.gpus)),
         "search": {"leaves": search.leaves},
     }
     return plan
+
+
+def held_bytes_of(search, o) -> Dict[str, int]:
+    """Bytes the option holds per GPU while its phase runs (session weights + phase use)."""
+    return {search.gpus[d]: b for d, b in
+            sorted({**o.use, **{k: v + o.use.get(k, 0) for k, v in o.persist.items()}}.items())}
 
 
 def _headroom_at_peak(search, chosen, use, d) -> int:

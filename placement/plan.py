@@ -24,6 +24,8 @@ class DevicePlan:
     budget_bytes: Optional[int]     # None: no budget (the device's free memory bounds it)
     planned_bytes: int = 0          # what the plan puts there at its busiest phase
     description: str = ""
+    throughput: Optional[float] = None  # FLOP/s the planner priced it at (batch parallel
+                                        # shares follow it); None: not planned by auto-fit
 
 
 @dataclass
@@ -32,6 +34,9 @@ class StreamPlan:
     prefetch_depth: int             # blocks in flight while one computes
     host_blocks: int = 0            # params=disk: the first N streamed blocks rest in host
                                     # RAM (read once), the rest are read from the file per step
+    per_device: Dict[str, List[int]] = field(default_factory=dict)
+                                    # a layer split that streams: device -> [resident
+                                    # blocks, blocks of its range]; {} otherwise
 
 
 @dataclass
@@ -54,6 +59,11 @@ class ComponentPlan:
     tile: Optional[int] = None      # VAE: tile edge in pixels for a tiled decode; None: full frame
     tile_frames: Optional[int] = None   # video VAE: frames per temporal tile; None: all
     quant: Optional[str] = None     # GGUF quant type(s) of the weights, e.g. "Q4_K"; None: float
+    headroom_bytes: Optional[int] = None  # working memory planned on each runtime device;
+                                          # None: not planned (the engine estimates it)
+    held_bytes: Dict[str, int] = field(default_factory=dict)
+                                    # bytes the plan holds per device while the component
+                                    # runs (weights, ring, working memory); {}: not planned
 
     @property
     def main_device(self) -> str:
@@ -87,6 +97,7 @@ class Plan:
                 "name": d.name, "kind": d.kind, "total_bytes": d.total_bytes,
                 "free_bytes": d.free_bytes, "budget_bytes": d.budget_bytes,
                 "planned_bytes": d.planned_bytes, "description": d.description,
+                "throughput_flops": d.throughput,
             } for d in self.devices],
             "components": {name: _component_dict(c) for name, c in self.components.items()},
             "warnings": list(self.warnings),
@@ -105,7 +116,8 @@ class Plan:
                                      f"expected {SCHEMA_VERSION}")
             devices = [DevicePlan(d["name"], d["kind"], int(d["total_bytes"]),
                                   int(d["free_bytes"]), d.get("budget_bytes"),
-                                  int(d.get("planned_bytes", 0)), d.get("description", ""))
+                                  int(d.get("planned_bytes", 0)), d.get("description", ""),
+                                  _positive_or_none(d.get("throughput_flops")))
                        for d in data["devices"]]
             comps = {}
             for name, c in data["components"].items():
@@ -117,7 +129,9 @@ class Plan:
                     component=name, runtime=list(c["runtime"]), params=c["params"],
                     split_mode=c.get("split_mode", "layer"),
                     stream=StreamPlan(int(s["resident_blocks"]), int(s["prefetch_depth"]),
-                                      int(s.get("host_blocks", 0)))
+                                      int(s.get("host_blocks", 0)),
+                                      {k: [int(v[0]), int(v[1])]
+                                       for k, v in (s.get("per_device") or {}).items()})
                     if s else None,
                     blocks={k: [int(v[0]), int(v[1])] for k, v in c.get("blocks", {}).items()},
                     resident_bytes=int(c.get("resident_bytes", 0)),
@@ -128,7 +142,10 @@ class Plan:
                     tile=None if c.get("tile") is None else int(c["tile"]),
                     tile_frames=None if c.get("tile_frames") is None
                     else int(c["tile_frames"]),
-                    quant=c.get("quant"))
+                    quant=c.get("quant"),
+                    headroom_bytes=None if c.get("headroom_bytes") is None
+                    else int(c["headroom_bytes"]),
+                    held_bytes={k: int(v) for k, v in (c.get("held_bytes") or {}).items()})
                 if comps[name].parallel not in PARALLEL_MODES:
                     raise PlacementError(f"invalid parallel {comps[name].parallel!r} for "
                                          f"{name}; expected none, batch or pipeline")
@@ -171,13 +188,19 @@ def _component_dict(c: ComponentPlan) -> dict:
         "stream": None if c.stream is None else {
             "resident_blocks": c.stream.resident_blocks,
             "prefetch_depth": c.stream.prefetch_depth,
-            "host_blocks": c.stream.host_blocks},
+            "host_blocks": c.stream.host_blocks,
+            "per_device": {k: list(v) for k, v in c.stream.per_device.items()}},
         "blocks": {k: list(v) for k, v in c.blocks.items()},
         "resident_bytes": c.resident_bytes, "streamed_bytes": c.streamed_bytes,
         "reasons": list(c.reasons), "present": c.present, "total_bytes": c.total_bytes,
         "lora": c.lora, "parallel": c.parallel, "tile": c.tile,
         "tile_frames": c.tile_frames, "quant": c.quant,
+        "headroom_bytes": c.headroom_bytes, "held_bytes": dict(c.held_bytes),
     }
+
+
+def _positive_or_none(value) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 __all__ = ["Plan", "ComponentPlan", "DevicePlan", "StreamPlan", "SCHEMA_VERSION",

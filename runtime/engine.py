@@ -79,9 +79,6 @@ class Engine:
         self.skip_prefixes = tuple(f"{n}." for n in (skip_blocks or ()))
         self.component = component
         self.cplan = self._component_plan(plan, component)
-        # what auto-fit decided beyond the v1 keys (headroom, per-device stream prefixes)
-        fit = (getattr(plan, "extra", None) or {}).get("fit") or {}
-        self.fit_info = (fit.get("components") or {}).get(component) or {}
         self.runtime = list(self.cplan.runtime)
         self.devices = [inventory.get(n) for n in self.runtime]
         self.budgets = [plan_budget(plan, n) for n in self.runtime]
@@ -176,8 +173,8 @@ class Engine:
         for dev, budget in zip(self.devices, self.budgets):
             self.targets.append(open_target(dev, budget, self.link, held))
         option = self.headroom_option
-        if option is None and self.fit_info.get("headroom_bytes") is not None:
-            option = int(self.fit_info["headroom_bytes"])     # the planner's estimate
+        if option is None and self.cplan.headroom_bytes is not None:
+            option = int(self.cplan.headroom_bytes)     # the planner's estimate
         self.headroom = [headroom_for(option, t.name) for t in self.targets]
         if len(self.targets) > 1:
             self.mover = Mover(self.targets, self.hop_link)

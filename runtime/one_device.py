@@ -81,7 +81,7 @@ class Placed(StagedEngine):
         # the plan's prefix (the ledger enforces the budget); where auto-fit gave this
         # device a prefix of its own (a split it is one stage of: the worker ranges beside
         # it, distributed/planned.py), that one: stream.resident_blocks sums every stage's
-        planned = (self.fit_info.get("stream_per_device") or {}).get(self.device.name)
+        planned = self.cplan.stream.per_device.get(self.device.name) if self.cplan.stream else None
         if planned and int(planned[1]) == len(sizes):
             return min(int(planned[0]), len(sizes))
         return min(self.cplan.stream.resident_blocks, len(sizes))

@@ -19,7 +19,7 @@ ComfyUI's sampler loads a model's additional models together with it
 Planned bytes per device (`planned_shares`), resident weights plus stream ring slots,
 without activation headroom (ComfyUI adds its own activation estimate to every device it
 frees room on):
-- a plan made by auto-fit: plan.extra["fit"]["components"][c]["held_bytes"] less the
+- a plan made by auto-fit: the component plan's held_bytes less the
   component's "headroom_bytes" (the planner's figure, headroom included);
 - otherwise from the plan and the module's block sizes, the way the engine places them:
   one device: everything, or when streamed the non-block weights + the first K blocks
@@ -57,10 +57,9 @@ def planned_shares(plan, component: str, inventory, module) -> Tuple[Dict[str, i
     basis in words."""
     cp = plan.components[component]
     gpus = [d for d in cp.runtime if plan.device(d).kind != "cpu"]
-    fit = (((plan.extra or {}).get("fit") or {}).get("components") or {}).get(component)
-    if fit and fit.get("held_bytes"):
-        headroom = int(fit.get("headroom_bytes") or 0)
-        held = {d: max(0, int(b) - headroom) for d, b in fit["held_bytes"].items()}
+    if cp.held_bytes:
+        headroom = int(cp.headroom_bytes or 0)
+        held = {d: max(0, int(b) - headroom) for d, b in cp.held_bytes.items()}
         return {d: held.get(d, 0) for d in gpus}, "auto-fit held bytes less headroom"
     caps = [_capacity(plan, inventory, d) for d in cp.runtime]
     headroom = [0] * len(cp.runtime)          # explicit plans: the engine reserves none

@@ -72,10 +72,9 @@ def _drop_root_hooks(copy_root: nn.Module) -> None:
 
 
 def planned_speeds(plan, devices) -> Dict[str, float]:
-    """The devices' throughput from the planner's cost model (plan.extra["fit"]), when the
-    plan has one for every device; else {} (equal shares)."""
-    fit = (plan.extra or {}).get("fit") or {}
-    flops = (fit.get("cost_model") or {}).get("throughput_flops") or {}
+    """The devices' throughput from the planner's cost model (DevicePlan.throughput), when
+    the plan has one for every device; else {} (equal shares)."""
+    flops = {d.name: d.throughput for d in plan.devices}
     if all(isinstance(flops.get(d), (int, float)) and flops[d] > 0 for d in devices):
         return {d: float(flops[d]) for d in devices}
     return {}

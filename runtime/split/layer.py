@@ -62,7 +62,7 @@ class LayerSplit(StagedEngine):
 
     def _prefix(self, d: int, sizes: List[int], room: int, depth: int) -> int:
         t, stream = self.targets[d], self.cplan.stream
-        planned = (self.fit_info.get("stream_per_device") or {}).get(t.name)
+        planned = self.cplan.stream.per_device.get(t.name) if self.cplan.stream else None
         k = self._planned_prefix(planned, sizes, room, depth, stream)
         if k is not None:
             return k

@@ -282,12 +282,12 @@ def test_spec_to_plan_to_place_runs_batch_parallel(tiny):
 
 
 def test_shares_follow_the_planned_throughputs(tiny, sim_inventory):
-    """A plan carrying the cost model's throughputs (auto-fit's plan.extra['fit']) shares
-    the batch in their proportion without a speeds option."""
+    """A plan carrying the cost model's throughputs (auto-fit's DevicePlan.throughput)
+    shares the batch in their proportion without a speeds option."""
     model, inp = tiny("sd3")
     plan = batch_plan()
-    plan.extra["fit"] = {"cost_model": {"throughput_flops": {"cuda0": 1e12, "cuda1": 3e12,
-                                                             "cpu": 1e11}}}
+    for dev, flops in (("cuda0", 1e12), ("cuda1", 3e12)):
+        plan.device(dev).throughput = flops
     with place_batch(model, plan, "diffusion", sim_inventory) as placed:
         run(model, batched(inp, 4))
     assert placed.stats()["last_shares"] == {"cuda0": 1, "cuda1": 3}

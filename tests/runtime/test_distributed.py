@@ -344,8 +344,7 @@ def test_place_runs_a_worker_range_as_a_stage(tmp_path, workers, case):
     elif case == "auto-fit":    # as auto-fit writes a remote stream: the worker holds the
         plan = _remote_plan(["cuda0", "w1.cpu"], {"cuda0": [0, 3], "w1.cpu": [4, 5]},
                             stream=(1 + 2, 1))          # tail; stream counts every prefix
-        plan.extra = {"fit": {"components": {"diffusion": {
-            "stream_per_device": {"cuda0": [1, 4], "w1.cpu": [2, 2]}}}}}
+        plan.components["diffusion"].stream.per_device = {"cuda0": [1, 4], "w1.cpu": [2, 2]}
     else:
         plan = _remote_plan(["cuda0", "w1.cpu"], {"cuda0": [0, 5], "w1.cpu": [2, 3]},
                             params="cpu" if case == "streamed" else "disk", stream=(0, 1))

@@ -71,9 +71,7 @@ def test_layer_split_host_blocks_first_in_execution_order(host, tiny, run_model,
     sizes = [block_bytes(b) for _, b in find_blocks(model)]
     plan = disk_plan(0, 1, host, runtime="cuda0&cuda1")
     plan.components["diffusion"].blocks = {"cuda0": [0, 1], "cuda1": [2, 4]}
-    fit = {"components": {"diffusion": {"stream_per_device": {"cuda0": [0, 2],
-                                                                "cuda1": [0, 3]}}}}
-    plan.extra = {"fit": fit}
+    plan.components["diffusion"].stream.per_device = {"cuda0": [0, 2], "cuda1": [0, 3]}
     with place(model, plan, "diffusion", sim_inventory, weights_file=str(path)) as placed:
         outs = [run_model(model, inp) for _ in range(STEPS)]
         for st in placed.streamers:

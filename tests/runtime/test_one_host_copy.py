@@ -31,8 +31,8 @@ def split_plan(blocks, budgets):
     plan = Plan(devices, {"diffusion": ComponentPlan(
         "diffusion", list(budgets), "cpu", split_mode="layer", stream=StreamPlan(0, 1),
         blocks=blocks)})
-    per = {n: [0, b - a + 1] for n, (a, b) in blocks.items()}
-    plan.extra = {"fit": {"components": {"diffusion": {"stream_per_device": per}}}}
+    plan.components["diffusion"].stream.per_device = {n: [0, b - a + 1]
+                                                      for n, (a, b) in blocks.items()}
     return plan
 
 

@@ -382,19 +382,20 @@ def test_two_devices_stream_their_ranges(depth):
 
 
 def test_auto_fit_stream_prefix_per_device_is_followed(tiny, run_model):
-    """auto-fit writes each device's resident prefix in plan.extra (fit.components.
-    <c>.stream_per_device): the runtime follows it even where more would fit (the
+    """auto-fit writes each device's resident prefix in the plan (stream.per_device):
+    the runtime follows it even where more would fit (the
     planner keeps room for other components), and says so when it cannot."""
     model, inp = tiny("flux")
     ref = run_model(model, inp)
     plan = split_plan(["cuda0", "cuda1"], [4 << 20, 4 << 20], params="cpu", stream=(1, 1),
                       blocks={"cuda0": [0, 0], "cuda1": [1, 4]})
-    plan.extra = {"fit": {"components": {"diffusion": {
-        "headroom_bytes": 64 * 1024, "stream_per_device": {"cuda0": [1, 1], "cuda1": [1, 4]}}}}}
+    cp = plan.components["diffusion"]
+    cp.headroom_bytes = 64 * 1024
+    cp.stream.per_device = {"cuda0": [1, 1], "cuda1": [1, 4]}
     with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
         assert torch.equal(run_model(model, inp), ref)
     assert placed.stats()["streamed_blocks"] == {"cuda1": 3}
-    plan.extra["fit"]["components"]["diffusion"]["stream_per_device"]["cuda1"] = [1, 7]
+    cp.stream.per_device["cuda1"] = [1, 7]
     with pytest.warns(RuntimeWarning, match="does not match a range of 4 blocks"):
         with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY)) as placed:
             assert torch.equal(run_model(model, inp), ref)
