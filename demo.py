@@ -16,7 +16,7 @@ import statistics
 import time
 
 from .placement import Inventory, PlacementError, PlacementSpec, plan
-from .placement.fit_costs import TOKENS_PER_MEGAPIXEL
+from .placement.fit.costs import TOKENS_PER_MEGAPIXEL
 from .placement.units import format_bytes
 
 INVENTORY = "cuda0=1GiB,cuda1=1GiB,cpu=8GiB"

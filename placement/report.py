@@ -10,7 +10,7 @@ import textwrap
 from typing import List, Sequence
 
 from .components import PHASES
-from .fit_costs import DEFAULT_BANDWIDTH, DEFAULT_THROUGHPUT
+from .fit.costs import DEFAULT_BANDWIDTH, DEFAULT_THROUGHPUT
 from .units import GiB, MiB, format_bytes
 
 WIDTH = 100         # columns of a terminal; the JSON is there for machines
@@ -188,7 +188,7 @@ def _speeds(plan, model) -> str:
         parts.append(f"{_rate(peer, 'B/s')} between GPUs")
     source = ("the default speeds of each device kind" if default and not peer
               else "speeds given to the planner")
-    sources = model.get("sources")     # fit_costs.CostModel: given / measured / default
+    sources = model.get("sources")     # fit.costs.CostModel: given / measured / default
     if sources:                        # docs/calibration.md
         used = {v for v in sources.values() for v in (v.values() if isinstance(v, dict) else [v])}
         source = ("measured on this machine" + (", some given" if "given" in used else "")

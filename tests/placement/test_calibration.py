@@ -10,7 +10,7 @@ from comfyui_placement.placement import machine_figures as mf
 from comfyui_placement.placement.components import COMPONENTS
 from comfyui_placement.placement.devices import Device
 from comfyui_placement.placement.fit import FitOptions, fit
-from comfyui_placement.placement.fit_costs import (DEFAULT_BANDWIDTH, DEFAULT_DISK_BANDWIDTH,
+from comfyui_placement.placement.fit.costs import (DEFAULT_BANDWIDTH, DEFAULT_DISK_BANDWIDTH,
                                                    DEFAULT_THROUGHPUT)
 from comfyui_placement.placement.metadata.info import BlockInfo, ComponentInfo
 from comfyui_placement.placement.resolve import Choice, Request

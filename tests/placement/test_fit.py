@@ -7,7 +7,8 @@ import pytest
 from comfyui_placement.placement import Inventory, PlacementError
 from comfyui_placement.placement.components import COMPONENTS
 from comfyui_placement.placement.fit import FitOptions, fit, stream_prefix
-from comfyui_placement.placement.fit_shapes import Geometry, layer_ranges
+from comfyui_placement.placement.fit.geometry import Geometry
+from comfyui_placement.placement.fit.kinds.layer_split import layer_ranges
 from comfyui_placement.placement.metadata.info import BlockInfo, ComponentInfo
 from comfyui_placement.placement.resolve import Choice, Request
 

@@ -5,8 +5,8 @@ import pytest
 from comfyui_placement.placement import Inventory, PlacementError, PlacementSpec, plan
 from comfyui_placement.placement.components import COMPONENTS
 from comfyui_placement.placement.fit import FitOptions, fit
-from comfyui_placement.placement.fit_shapes import Geometry
-from comfyui_placement.placement.fit_costs import (BATCH_PARALLEL_EFFICIENCY, CostModel,
+from comfyui_placement.placement.fit.geometry import Geometry
+from comfyui_placement.placement.fit.costs import (BATCH_PARALLEL_EFFICIENCY, CostModel,
                                                    DEFAULT_NETWORK_BANDWIDTH)
 from comfyui_placement.placement.machine_figures import Figures
 from comfyui_placement.placement.metadata.info import BlockInfo, ComponentInfo

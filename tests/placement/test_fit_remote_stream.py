@@ -1,11 +1,12 @@
 """A model bigger than any one machine: auto-fit lets the local GPU stream its range while
-a worker's GPU holds the last blocks for the session (fit_shapes.remote_tail_spans,
-Pricing.remote_stream), chosen only when its network crossings price faster than
+a worker's GPU holds the last blocks for the session (kinds/worker_ranges.py remote_tail_spans,
+WorkerRanges), chosen only when its network crossings price faster than
 streaming alone. Flux.1-dev fp16 (22.17 GiB, 57 blocks) at 1024x1024 with CFG."""
 import pytest
 
 from comfyui_placement.placement import Inventory, PlacementSpec, plan
-from comfyui_placement.placement.fit_shapes import Geometry, remote_tail_spans
+from comfyui_placement.placement.fit.geometry import Geometry
+from comfyui_placement.placement.fit.kinds.worker_ranges import remote_tail_spans
 
 from helpers.flux_models import flux_components, generation_s, write_flux_pipeline
 

@@ -14,7 +14,7 @@ import pytest
 from helpers import tiny_files as tf
 
 from comfyui_placement.placement import Inventory, PlacementError, PlacementSpec, plan
-from comfyui_placement.placement.fit_costs import Workload, takes_frames
+from comfyui_placement.placement.fit.costs import ComponentWork, takes_frames
 from comfyui_placement.placement.metadata import describe_component
 
 GiB = 1 << 30
@@ -62,15 +62,15 @@ def test_frames_do_not_change_an_image_model(files):
     te = describe_component("te", [files["clip_l"], files["t5"]])
     assert not takes_frames(flux) and not takes_frames(ae) and not takes_frames(te)
     for info in (flux, ae, te):
-        one = Workload(info, (1024, 1024), 1, 1, 20)
-        many = Workload(info, (1024, 1024), 100_000_000, 1, 20)
+        one = ComponentWork(info, (1024, 1024), 1, 1, 20)
+        many = ComponentWork(info, (1024, 1024), 100_000_000, 1, 20)
         assert many.flop == one.flop and many.activation_bytes == one.activation_bytes
 
 
 def test_frames_still_change_a_video_model(files):
     wan = describe_component("diffusion", [files["wan"]])
     assert takes_frames(wan)
-    assert Workload(wan, (832, 480), 81, 1, 20).flop > 10 * Workload(wan, (832, 480), 1, 1, 20).flop
+    assert ComponentWork(wan, (832, 480), 81, 1, 20).flop > 10 * ComponentWork(wan, (832, 480), 1, 1, 20).flop
 
 
 def test_image_plan_same_for_81_frames(files):

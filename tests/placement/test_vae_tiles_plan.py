@@ -10,7 +10,7 @@ from helpers.flux_models import flux_components, write_flux_pipeline
 
 from comfyui_placement.placement import Inventory, PlacementSpec, plan
 from comfyui_placement.placement.capabilities import needs
-from comfyui_placement.placement.fit_tiles import TILE_LADDER, tiles_for, work_factor
+from comfyui_placement.placement.fit.tiles import TILE_LADDER, tiles_for, work_factor
 from comfyui_placement.placement.resolve import describe_components
 
 GiB = 1 << 30
@@ -90,7 +90,7 @@ def _video_vae(arch, headroom):
 
 
 def test_video_vae_tiles_in_time_and_space():
-    from comfyui_placement.placement.fit_tiles import TIME_LADDER
+    from comfyui_placement.placement.fit.tiles import TIME_LADDER
     from comfyui_placement.placement.metadata.headroom import WORKSPACE
     info = _video_vae("ltxv_vae", 40 * GiB)
     tiles = tiles_for(info, info.headroom_bytes, (768, 512), frames=97)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from comfyui_placement.placement.devices import Inventory
-from comfyui_placement.placement.fit_shapes import Geometry, layer_ranges
+from comfyui_placement.placement.fit.geometry import Geometry
+from comfyui_placement.placement.fit.kinds.layer_split import layer_ranges
 from comfyui_placement.placement.metadata.info import BlockInfo, ComponentInfo
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan
 from comfyui_placement.runtime import place

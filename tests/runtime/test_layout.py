@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from comfyui_placement.placement.fit_shapes import Geometry
+from comfyui_placement.placement.fit.geometry import Geometry
 from comfyui_placement.placement.layout import (group_blocks, resident_prefix, ring_bytes,
                                                 ring_layout)
 from comfyui_placement.placement.metadata.describe import describe

@@ -10,7 +10,7 @@ decode, overlaps included.
 import math
 from typing import List, NamedTuple, Optional, Tuple
 
-from .metadata.headroom import WORKSPACE
+from ..metadata.headroom import WORKSPACE
 
 # tile edges tried, largest first; 256 px is what ComfyUI itself falls back to on an
 # out-of-memory error, the smallest that keeps seams invisible in practice

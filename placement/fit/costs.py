@@ -19,8 +19,8 @@ import math
 import re
 from typing import Dict, Mapping, Optional, Tuple
 
-from .units import GiB, MiB
-from .remote_devices import is_remote
+from ..units import GiB, MiB
+from ..remote_devices import is_remote
 
 # Achieved (not peak) dense bf16 FLOP/s: a current discrete GPU, an integrated one, a CPU.
 DEFAULT_THROUGHPUT = {"gpu": 80e12, "igpu": 8e12, "cpu": 0.5e12}
@@ -102,7 +102,7 @@ def _first_of(given: Optional[float], measured: Optional[float], default):
     return default, "default"
 
 
-class Workload:
+class ComponentWork:
     """What one component computes per forward, from its size and the latent shape."""
     __slots__ = ("flop", "runs", "activation_bytes", "items")
 
@@ -141,7 +141,7 @@ def takes_frames(info) -> bool:
     """Whether `--frames` changes this component's work: video DiTs and video VAEs (the
     metadata knows the architecture); image models, text encoders and unknown non-video
     parts compute the same for 81 frames as for one."""
-    from .metadata.headroom import DIT
+    from ..metadata.headroom import DIT
     comp = info.component
     archs = set((getattr(info, "arch", "") or "").split("+"))
     if comp in ("diffusion", "controlnet"):
@@ -181,7 +181,7 @@ class CostModel:
     def __init__(self, devices, throughput: Mapping[str, float], bandwidth: Mapping[str, float],
                  disk_bandwidth: Optional[float] = None, peer_bandwidth: Optional[float] = None,
                  measured=None, network_bandwidth=None):
-        from .machine_figures import NO_FIGURES
+        from ..machine_figures import NO_FIGURES
         measured = measured or NO_FIGURES
         self.throughput: Dict[str, float] = {}
         self.bandwidth: Dict[str, float] = {}
@@ -213,12 +213,13 @@ class CostModel:
         self.origin = measured.origin
         # per pair of local GPUs, measured by calibrate: (bytes/s, "peer" | "host-staged")
         self.measured_links = dict(getattr(measured, "links", {}) or {})
+        self._hops: Dict[Tuple[str, str], Tuple[float, float]] = {}
         self.network = _network_figures(network_bandwidth,
                                         getattr(measured, "network_bandwidth", None) or {})
         for name, value in (list(self.throughput.items()) + list(self.bandwidth.items())
                             + [("disk", self.disk_bandwidth)]):
             if not value > 0:
-                from .errors import PlacementError
+                from ..errors import PlacementError
                 raise PlacementError(f"throughput and bandwidth must be positive; got "
                                      f"{value!r} for {name}")
 
@@ -262,8 +263,10 @@ class CostModel:
             "default"
 
     def hop_s(self, activation_bytes: int, a: str, b: str) -> float:
-        _, bw, latency, _ = self.link(a, b)
-        return activation_bytes / bw + latency
+        got = self._hops.get((a, b))
+        if got is None:                       # the figures are fixed once resolved
+            got = self._hops[(a, b)] = self.link(a, b)[1:3]
+        return activation_bytes / got[0] + got[1]
 
     def links(self, names) -> Dict[str, dict]:
         """Every ordered pair of `names`: its link (for the plan's cost model)."""
@@ -311,7 +314,7 @@ def _network_figures(given, measured: Mapping[str, float]) -> Dict[str, Tuple[fl
         items = list(given.items())
     else:
         items = [("*", given)]
-    from .errors import PlacementError
+    from ..errors import PlacementError
     for alias, value in items:
         try:
             value = float(value)

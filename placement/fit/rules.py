@@ -8,16 +8,16 @@ search never proposes a plan the runtime or the ComfyUI adapter would refuse.
 from types import SimpleNamespace
 from typing import Optional, Sequence
 
-from .errors import PlacementError
-from .fit_shapes import Geometry
+from ..errors import PlacementError
+from .geometry import Geometry
 
 
 class Rules:
     """What the search may decide for one component (the user's choice and the preset)."""
     __slots__ = ("runtime", "params", "split_mode", "persist_res", "persist_split", "float_res",
                  "stream", "float_split", "split_stream", "cpu", "prefix_zero",
-                 "params_elsewhere", "gpus", "disk", "row_fallback", "batch", "batch_only",
-                 "pipeline", "pipeline_only")
+                 "params_elsewhere", "gpus", "disk", "row_fallback", "batch", "pipeline",
+                 "only")
 
     def __init__(self):
         for name in self.__slots__:
@@ -28,10 +28,10 @@ class Rules:
         self.gpus = None          # GPU names the executor runs this component on; None: all
         self.disk = True          # params may move to disk when host RAM is short
         self.row_fallback = False  # split_mode row asked, but no matrix is big enough
-        # issue 13: batch parallel may be priced (batch), is asked (batch_only: nothing
-        # else), a layer split may pipeline the batch's shares (pipeline), is asked to
-        # (pipeline_only: only pipelined resident layer splits are priced)
-        self.batch = self.batch_only = self.pipeline = self.pipeline_only = False
+        # batch parallel may be priced (batch), a layer split may pipeline the batch's
+        # shares (pipeline); `only`: the one kind (kinds/) asked, nothing else is priced
+        self.batch = self.pipeline = False
+        self.only = None
 
     @property
     def floating(self) -> bool:
@@ -96,7 +96,7 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
 
 
 # Components whose forward's batch shares may divide: the sampled ones (their batch is
-# batch x cond_batch, CFG's cond and uncond counted; fit_costs.Workload.items).
+# batch x cond_batch, CFG's cond and uncond counted; costs.ComponentWork.items).
 PARALLEL_COMPONENTS = ("diffusion", "controlnet")
 
 
@@ -144,8 +144,9 @@ def _batch_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str], caps,
     r.params = choice.params
     r.persist_split = r.float_split = r.split_stream = r.cpu = False
     r.params_elsewhere = False
-    r.batch = r.batch_only = True
+    r.batch = True
     r.pipeline = False
+    r.only = "batch_parallel"
     return r
 
 
@@ -155,7 +156,7 @@ def _pipeline_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str], cap
     runtime list when given, else auto-fit picks them) whose stages run a batch's shares
     one behind the other. Only resident layer splits (held for the session, or loaded
     while the phase runs) are pipelined by the cost model, so nothing else is priced: it
-    is honoured or the fit fails saying why (fit_report.explain_failure)."""
+    is honoured or the fit fails saying why (kinds/pipeline.py `failure`)."""
     comp = geo.comp
     if (choice.split_mode or "layer") != "layer":
         raise PlacementError(f"{comp}: parallel pipeline runs a layer split's stages and "
@@ -189,8 +190,9 @@ def _pipeline_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str], cap
     r.persist_res = r.float_res = r.stream = r.split_stream = r.cpu = False
     r.params_elsewhere = r.prefix_zero = False
     r.split_mode = "layer"
-    r.batch = r.batch_only = False
-    r.pipeline = r.pipeline_only = True
+    r.batch = False
+    r.pipeline = True
+    r.only = "pipeline"
     return r
 
 
@@ -200,7 +202,7 @@ ROW_MIN_ELEMENTS = 256 * 256     # runtime/split/row.py MIN_ROWS x MIN_COLS
 def row_shardable(geo: Geometry) -> bool:
     """Whether a row split can shard this component: some block holds at least one
     256x256 matrix (a block smaller than that cannot)."""
-    from .fit_costs import bytes_per_param
+    from .costs import bytes_per_param
     per = bytes_per_param(geo.info.dtype, geo.info.quant)
     return geo.n > 0 and geo.largest_block >= ROW_MIN_ELEMENTS * per
 
@@ -262,7 +264,7 @@ def _rules(choice, geo: Geometry, preset: str, gpus: Sequence[str]) -> Rules:
         r.float_split = may_split
         # a row split cannot stream (its shards are whole matrices): a component too big
         # for a row split over the GPUs streams as a layer split over them instead of
-        # leaving all but one idle (fit_report says so)
+        # leaving all but one idle (kinds/split_stream.py says so)
         r.split_stream = may_split
         r.cpu = runtime is None
     if not gpus and runtime is None:

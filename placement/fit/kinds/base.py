@@ -1,0 +1,91 @@
+"""What a kind of placement answers. One module per kind (this folder) subclasses `Kind`
+and registers one instance in kinds/__init__.py; the search asks every kind for its
+candidates and compares them, the report asks the chosen one for its lines."""
+from typing import Dict, List
+
+from ...units import format_bytes as fmt
+
+
+class Kind:
+    name = ""              # the kind's id (its module's name)
+    decision = ""          # plan JSON extra.fit.components[c].decision (v1 values)
+    parallel = "none"      # none | batch | pipeline (the plan's parallel field)
+    whole = False          # the component whole on one GPU (see FitContext.may_split)
+    moves_to_disk = False  # auto-fit may rest its weights on disk when host RAM is short
+
+    # -- candidates -------------------------------------------------------------------
+    def persistent(self, ctx, c: str, room, offered) -> List:
+        """Placements whose weights stay on GPUs for the session. `room`: a
+        search.PersistentRoom (what the other persistent choices leave); `offered`: what
+        the kinds before this one offered (in registry order)."""
+        return []
+
+    def floating(self, ctx, c: str, rooms, offered) -> List:
+        """Placements that take turns: on GPUs only while c's phase runs, in `rooms`
+        (bytes free per GPU then)."""
+        return []
+
+    # -- host RAM -----------------------------------------------------------------------
+    def to_disk(self, ctx, o, over: int):
+        """`o` with its weights resting on disk (host RAM is `over` budget)."""
+        raise NotImplementedError(f"{self.name} placements do not move to disk")
+
+    def refill(self, ctx, o, room: int):
+        """`o` given `room` more bytes of host RAM (RAM left over after the choice)."""
+        return o
+
+    # -- the plan and the report --------------------------------------------------------
+    def to_plan(self, ctx, o, cp) -> None:
+        """Write what the runtime executes of `o` into the ComponentPlan `cp`."""
+
+    def fit_json(self, ctx, o) -> Dict[str, object]:
+        """This kind's keys of extra.fit.components[c] (plan JSON v1)."""
+        return {"parallel": self.parallel, "items_per_device": None,
+                "serial_forward_s": None, "stream_per_device": None}
+
+    def reasons(self, ctx, o, use) -> List[str]:
+        """The decision in words: why this placement, with its figures."""
+        raise NotImplementedError(f"kind {self.name} has no reason text")
+
+    def disk_reason(self, ctx, o) -> str:
+        """Why auto-fit rests o's weights on disk (host RAM short)."""
+        return (f"host RAM budget {fmt(ctx.host_budget)} cannot hold every offloaded "
+                f"component -> params on disk, re-read each {action(o)} ({ms(o.load_s)})")
+
+    def failure(self, ctx, c: str, options, budgets, host, inventory):
+        """The PlacementError when only this kind was asked for c and none fits; None:
+        the general explanation."""
+        return None
+
+
+# -- words shared by the kinds' reasons ------------------------------------------------
+ACTION = {"encode": "text encode", "sample": "sampling", "decode": "decode",
+          "upscale": "upscale"}
+
+
+def action(o) -> str:
+    from ..option import PHASE_ORDER
+    return ACTION[PHASE_ORDER[o.phase]]
+
+
+def ms(seconds: float) -> str:
+    if seconds >= 10:
+        return f"{seconds:.1f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1000:.1f} ms"
+
+
+def per(o) -> str:
+    return "per step" if o.runs > 1 else "per forward"
+
+
+def size_line(ctx, c: str) -> str:
+    geo = ctx.geos[c]
+    return f"{c} {fmt(geo.total)} + {fmt(geo.headroom)} working memory"
+
+
+def room_without(ctx, use, o, d: int) -> int:
+    """What device d offers `o`'s component in its phase, the others' use taken off."""
+    mine = o.persist.get(d, 0) + o.use.get(d, 0)
+    return ctx.budget[d] - (use[o.phase][d] - mine)

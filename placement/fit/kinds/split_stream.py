@@ -1,0 +1,194 @@
+"""Streaming layer split: a component too big for its GPUs together. Each device keeps
+a prefix of its range resident and streams the rest through its own ring over its own
+link (runtime/split/layer.py). Layouts: the first devices filled and fully resident,
+the last `streaming` ones sharing the rest in proportion to room, from all streaming
+(most overlap) to only the last (most resident bytes: accelerate's layout, with a
+prefetch ring); the cost model picks."""
+from bisect import bisect_right
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ...plan import StreamPlan
+from ...units import format_bytes as fmt
+from ..geometry import Geometry, nearest
+from ..option import Option, ring_stall, streamed_forward
+from .base import Kind, per, size_line
+
+
+class SpanDetail(NamedTuple):
+    ranges: List[Tuple[int, int]]            # (first, last) per device
+    per_device: Dict[str, Tuple[int, int]]   # device -> (resident blocks, of its range)
+    resident_blocks: int                     # every device's resident prefix, summed
+    depth: int
+    layout: object                           # streaming devices (an int), or "remote"
+
+
+def stream_spans(geo: Geometry, caps: Sequence[int], streaming: int
+                 ) -> Optional[List[Tuple[int, int]]]:
+    """Contiguous ranges for a layer split that streams: the first k - `streaming`
+    devices take as many blocks as their caps hold (the first also the non-block
+    weights) and stay fully resident; the rest of the blocks go to the last `streaming`
+    devices in proportion to their caps, each to stream the tail of its range. Every
+    device gets at least one block. streaming = k: all in proportion; 1: fill then
+    stream on the last (accelerate's layout, with a prefetch ring)."""
+    n, k = geo.n, len(caps)
+    if k < 2 or n < k or not 1 <= streaming <= k or min(caps) <= 0:
+        return None
+    prefix = geo.prefix
+    out, start = [], 0
+    for i in range(k - streaming):
+        room = caps[i] - (geo.non_block if i == 0 else 0)
+        end = bisect_right(prefix, prefix[start] + room, start, n) - 1
+        end = min(end, n - (k - 1 - i))           # leave a block for each device after
+        if end <= start:
+            return None
+        out.append((start, end))
+        start = end
+    tail = caps[k - streaming:]
+    first = k - streaming
+    whole = prefix[n] - prefix[start] + (geo.non_block if first == 0 else 0)
+    acc = prefix[start] - (geo.non_block if first == 0 else 0)
+    total_caps = float(sum(tail))
+    for j, cap in enumerate(tail):
+        i = first + j
+        acc += whole * cap / total_caps
+        end = n if i == k - 1 else nearest(prefix, acc, start + 1, n - (k - 1 - i))
+        out.append((start, end))
+        start = end
+    return out
+
+
+
+
+def price_spans(ctx, kind, c: str, devs: List[int], caps: List[int], spans, depth: int,
+                source: str, layout, hold=frozenset()) -> Optional[Option]:
+    """A layer split over `spans` in which each device keeps a prefix of its range
+    resident and streams the rest; devices in `hold` (positions) must keep all."""
+    geo, w = ctx.geos[c], ctx.work[c]
+    names = [ctx.gpus[d] for d in devs]
+    per_device, use, fwd, compute_all, transfer_all = {}, {}, 0.0, 0.0, 0.0
+    resident_total = streamed_total = 0
+    for j, (d, (a, b)) in enumerate(zip(devs, spans)):
+        nb = geo.non_block if j == 0 else 0
+        k = geo.range_prefix(a, b, caps[j] - nb, depth)
+        if k is None or (j in hold and k < b - a):
+            return None
+        slots = geo.range_window(a + k, b, depth)
+        resident = geo.prefix[a + k] - geo.prefix[a]
+        streamed = geo.prefix[b] - geo.prefix[a + k]
+        use[d] = nb + resident + slots + geo.headroom
+        per_device[names[j]] = (k, b - a)
+        held = nb + geo.prefix[b] - geo.prefix[a]
+        compute = ctx.compute_s(c, held / (geo.total or 1), d)
+        bw = ctx.model.source_bandwidth(names[j], source)
+        transfer = streamed / bw
+        stall = ring_stall(geo, ctx.compute_s(c, 1.0, d), a + k, bw, depth, a, b)
+        fwd += streamed_forward(compute, transfer, depth, b - a - k, stall) if streamed \
+            else compute
+        compute_all += compute
+        transfer_all += transfer
+        resident_total += nb + resident
+        streamed_total += streamed
+    comm = sum(ctx.model.hop_s(w.activation_bytes, names[j], names[(j + 1) % len(names)])
+               for j in range(len(names)))
+    detail = SpanDetail([(a, b - 1) for a, b in spans], per_device,
+                        sum(k for k, _ in per_device.values()), depth, layout)
+    o = Option(c, kind, names, w.runs, ctx.phase_of[c], source, detail)
+    o.use = use
+    o.hops = len(names)
+    o.resident_bytes, o.streamed_bytes, o.loaded_bytes = (resident_total, streamed_total,
+                                                          resident_total)
+    o.compute_s, o.transfer_s = compute_all, transfer_all + comm
+    o.forward_s = fwd + comm
+    o.load_s = resident_total / min(ctx.model.source_bandwidth(n, source) for n in names)
+    o.host_persist = geo.total if source == "cpu" else 0
+    return o.priced()
+
+
+def spans_to_plan(o, cp) -> None:
+    """A split that streams: its ranges, and every device's prefix (resident_blocks
+    counts them all; per_device has {device: [resident, of blocks]})."""
+    s = o.detail
+    cp.split_mode = "layer"
+    cp.blocks = {n: [a, b] for n, (a, b) in zip(o.runtime, s.ranges) if b >= a}
+    cp.stream = StreamPlan(s.resident_blocks, s.depth, 0,
+                           {n: list(v) for n, v in s.per_device.items()})
+
+
+def spans_json(kind, o) -> dict:
+    return dict(Kind.fit_json(kind, None, o),
+                stream_per_device={n: list(v) for n, v in o.detail.per_device.items()})
+
+
+def spans_line(ctx, o, how: str) -> str:
+    s = o.detail
+    parts = ", ".join(f"{n} blocks {a}-{b} ({s.per_device[n][0]} resident)"
+                      for n, (a, b) in zip(o.runtime, s.ranges))
+    return (f"{size_line(ctx, o.comp)} > what {'&'.join(o.runtime)} hold together -> layer "
+            f"split, {how} ({parts}), params on {o.source}; {fmt(o.streamed_bytes)} "
+            f"{per(o)} streamed (prefetch depth {s.depth}), {o.hops} hops")
+
+
+class SplitStream(Kind):
+    name = "split_stream"
+    decision = "split"
+
+    def floating(self, ctx, c, rooms, offered) -> List[Option]:
+        """Too big for every device set a resident split was tried on: stream over all
+        of them (most room, most links; a hop costs about a millisecond), with all, half,
+        or the last few GPUs streaming."""
+        rule, geo = ctx.rules[c], ctx.geos[c]
+        if not (rule.split_stream and rule.float_split) or not ctx.may_split(c, offered) \
+                or any(o.kind.decision == "split" for o in offered):
+            return []
+        sets = [devs for devs in ctx.split_sets(c, rooms)
+                if not ctx.remote.intersection(devs)]
+        if not sets:
+            return []
+        devs = sets[-1]
+        caps = [rooms[d] - geo.headroom for d in devs]
+        k = len(devs)
+        out = []
+        for streaming in sorted({k, (k + 1) // 2, 3, 2, 1} & set(range(1, k + 1)),
+                                reverse=True):
+            for depth in range(ctx.depth_for(c), -1, -1):
+                o = self.spans(ctx, c, devs, caps, depth, ctx.source(c), streaming)
+                if o is not None:
+                    out.append(o)
+                    break
+        return out
+
+    def spans(self, ctx, c, devs, caps, depth, source, streaming) -> Optional[Option]:
+        def build():
+            spans = stream_spans(ctx.geos[c], caps, streaming)
+            return None if spans is None else price_spans(ctx, self, c, devs, caps, spans,
+                                                          depth, source, streaming)
+        return ctx.memo(("split_stream", c, tuple(devs), tuple(caps), depth, source,
+                         streaming), build)
+
+    def to_plan(self, ctx, o, cp) -> None:
+        spans_to_plan(o, cp)
+
+    def fit_json(self, ctx, o) -> dict:
+        return spans_json(self, o)
+
+    def reasons(self, ctx, o, use) -> List[str]:
+        streaming = o.runtime[len(o.runtime) - o.detail.layout:]
+        if o.detail.layout == len(o.runtime):
+            how = ("in proportion to room, each GPU streaming the tail of its range over "
+                   "its own link")
+        elif len(streaming) == 1:
+            how = (f"{'&'.join(o.runtime[:-1])} filled and fully resident, {streaming[0]} "
+                   f"streaming the rest")
+        else:
+            how = (f"{'&'.join(o.runtime[:-len(streaming)])} filled and fully resident, "
+                   f"{'&'.join(streaming)} sharing the rest in proportion to room, each "
+                   f"streaming the tail of its range over its own link")
+        out = []
+        if ctx.rules[o.comp].split_mode == "row":
+            out.append(f"split_mode row needs {fmt(ctx.geos[o.comp].total)} held on "
+                       f"{'&'.join(o.runtime)} and a row split cannot stream")
+        return out + [spans_line(ctx, o, how)]
+
+
+
+SPLIT_STREAM = SplitStream()
