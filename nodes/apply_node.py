@@ -3,19 +3,18 @@
 The inputs are cached outputs of other nodes and stay untouched; every output is a
 copy (patcher clone) placed as the plan says: through ComfyUI's own patchers, or, for
 what those cannot express (streaming, disk residency, splits, simulated devices), by
-the pack's engine (runtime/comfy/engine.py). What neither runs yet is a node error
+the pack's engine (runtime/comfy/engine_model.py). What neither runs yet is a node error
 naming the missing piece.
 """
 import logging
 from dataclasses import replace
 
-import comfy.patcher_extension as ext
 from comfy_api.latest import io
 
 from ..placement.units import format_bytes
 from ..runtime.comfy import place_objects
-from ..runtime.comfy.workload import (AUTOFIT_KEY, FOLLOWS_LATENT, AutoFitSession,
-                                      from_prompt, latent_ratios, placement_key)
+from ..runtime.comfy.workload import (FOLLOWS_LATENT, SamplingReplanner, from_prompt,
+                                      latent_ratios, placement_key)
 from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType, fallbacks,
                      node_inventory, plan_ui)
 from .measured import Meter, attach, engine_sessions
@@ -87,13 +86,11 @@ class ApplyPlacement(io.ComfyNode):
             text += "\n\napplied:\n" + "\n".join(f"  {n}" for n in notes)
         text += (f"\n\n{'auto-fit planned' if spec.auto_fit else 'working memory estimated'}"
                  f" for: {workload.describe()} ({workload.source})")
-        autofit = None
+        replanner = None
         if placed.get("diffusion") is not None:
-            session = autofit = _auto_fit_session(plan, workload, spec, strict, inventory,
-                                        by_component, placed, node_id)
-            placed["diffusion"].set_attachments(AUTOFIT_KEY, session)
-            placed["diffusion"].add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, AUTOFIT_KEY,
-                                                     session.outer_sample)
+            replanner = _sampling_replanner(plan, workload, spec, strict, inventory,
+                                            by_component, placed, node_id)
+            replanner.attach(placed["diffusion"])
             text += ("\nWhen sampling starts, its first model call is rehearsed on the "
                      "meta device (the working memory at the run's real shapes) and the "
                      "run is planned with it"
@@ -101,8 +98,8 @@ class ApplyPlacement(io.ComfyNode):
                         "steps or CFG)" if spec.auto_fit else "")
                      + "; the plan that ran is shown here.")
         # measured figures of each run, sent to this node beside the plan's predictions
-        meter = Meter(node_id, plan, inventory, engine_sessions(placed, autofit),
-                      plan_that_ran=lambda: autofit.last[1] if autofit and autofit.last
+        meter = Meter(node_id, plan, inventory, engine_sessions(placed, replanner),
+                      plan_that_ran=lambda: replanner.last[1] if replanner and replanner.last
                       else plan)
         attach(meter, placed.get("diffusion"), placed.get("vae"), by_component.get("vae"))
         results = [placed.get(comp) for _, _, comp in SLOTS]
@@ -119,8 +116,8 @@ def _latent_shape(latent):
     return tuple(samples.shape)
 
 
-def _auto_fit_session(plan, workload, spec, strict, inventory, objects, placed, node_id):
-    """The sampling-time half of auto-fit (runtime/comfy/workload.py)."""
+def _sampling_replanner(plan, workload, spec, strict, inventory, objects, placed, node_id):
+    """The sampling-time half of planning (runtime/comfy/workload.py)."""
     def replan(real, first):
         pins = {c: cp for c, cp in first.components.items()
                 if c not in FOLLOWS_LATENT and cp.present}
@@ -159,8 +156,8 @@ def _auto_fit_session(plan, workload, spec, strict, inventory, objects, placed, 
         text = (f"plan that ran (sampling {real.describe()}):\n{ran.report()}\n\n{how}")
         send_node_text(text, node_id)
 
-    return AutoFitSession(plan, workload, replan, place, show,
-                          vae_input=objects.get("vae"), vae_output=placed.get("vae"))
+    return SamplingReplanner(plan, workload, replan, place, show,
+                             vae_input=objects.get("vae"), vae_output=placed.get("vae"))
 
 
 def send_node_text(text: str, node_id) -> None:

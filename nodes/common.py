@@ -2,11 +2,11 @@
 import os
 from dataclasses import dataclass
 
-import comfy.model_management
 from comfy_api.latest import io
 
 from ..placement.devices import Inventory
 from ..placement.spec import PlacementSpec
+from ..runtime.comfy.patcher_devices import comfy_cpu_only
 
 SIMULATE_ENV = "COMFYUI_PLACEMENT_SIMULATE"
 CATEGORY = "placement"
@@ -35,7 +35,7 @@ def node_inventory() -> Inventory:
     if simulated:
         return Inventory.simulated(simulated)
     inventory = Inventory.detect()
-    if comfy.model_management.cpu_mode() and len(inventory.devices) > 1:
+    if comfy_cpu_only() and len(inventory.devices) > 1:
         return Inventory([d for d in inventory.devices if d.kind == "cpu"],
                          source="detected (ComfyUI runs with --cpu: GPUs not offered)")
     return inventory

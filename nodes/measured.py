@@ -15,22 +15,17 @@ guessed.
 """
 import logging
 import time
-import weakref
 from typing import Callable, Dict, List, Optional
 
 import torch
 
-import comfy.patcher_extension as ext
-
 from ..placement.errors import PlacementError
 from ..placement.machine_figures import observe_plan_step
 from ..placement.report import render_measured
+from ..runtime.comfy.measure_hooks import engine_session, meter_decode, meter_sampling
 
 log = logging.getLogger("comfyui-placement")
-METER_KEY = "placement_meter"
 EVENT = "placement.measured"
-_VAE_METERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_TIMED_CLASSES: Dict[type, type] = {}
 
 
 def predicted_figures(plan) -> dict:
@@ -161,7 +156,7 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 def _all_stats(session) -> list:
-    """The stats a session kept: EngineSession.run_stats, CallSession.calls[].stats."""
+    """The stats a session kept: SamplingSession.run_stats, CallSession.calls[].stats."""
     if hasattr(session, "run_stats"):
         return list(session.run_stats)
     return [c["stats"] for c in getattr(session, "calls", []) if c.get("stats")]
@@ -197,52 +192,25 @@ def send_record(record: dict) -> None:
 # -- wiring on Apply Placement's outputs ----------------------------------------------------
 def attach(meter: Meter, placed_model, placed_vae, given_vae) -> None:
     """The meter on the placed MODEL (outermost OUTER_SAMPLE wrapper) and on the placed
-    VAE's decode. Only the node's own copies are touched, never a given object."""
+    VAE's decode (runtime/comfy/measure_hooks.py). Only the node's own copies are
+    touched, never a given object."""
     if placed_model is not None:
-        placed_model.set_attachments(METER_KEY, meter)
-        wrappers = placed_model.wrappers.setdefault(ext.WrappersMP.OUTER_SAMPLE, {})
-        others = [(k, v) for k, v in wrappers.items() if k != METER_KEY]
-        wrappers.clear()                   # first key = outermost wrapper
-        wrappers[METER_KEY] = [meter.outer_sample]
-        wrappers.update(others)
+        meter_sampling(placed_model, meter)
     if placed_vae is not None and placed_vae is not given_vae:
-        _VAE_METERS[placed_vae] = meter
-        placed_vae.__class__ = _timed_class(type(placed_vae))
+        meter_decode(placed_vae, meter)
 
 
-def _timed_class(cls: type) -> type:
-    """A subclass of the VAE's class whose decode reports to the VAE's meter."""
-    if getattr(cls, "_placement_timed", False):
-        return cls
-    hit = _TIMED_CLASSES.get(cls)
-    if hit is None:
-        def decode(self, *args, **kwargs):
-            meter = _VAE_METERS.get(self)
-            call = lambda: cls.decode(self, *args, **kwargs)  # noqa: E731
-            return call() if meter is None else meter.timed_decode(call)
-        hit = _TIMED_CLASSES[cls] = type(cls.__name__, (cls,), {
-            "decode": decode, "_placement_timed": True, "__module__": cls.__module__})
-    return hit
-
-
-def engine_sessions(placed: dict, autofit=None) -> Callable[[str], List[object]]:
-    """phase -> the engine sessions (runtime/comfy engine.py, engine_calls.py) whose
-    placements that phase runs: the placed MODEL's (and auto-fit's re-placed copies')
-    for sampling, the placed VAE's for decode."""
-    from ..runtime.comfy.engine_patcher import KEY
-
-    def of(obj):
-        patcher = getattr(obj, "patcher", obj)
-        get = getattr(patcher, "get_attachment", None)
-        return get(KEY) if get else None
-
+def engine_sessions(placed: dict, replanner=None) -> Callable[[str], List[object]]:
+    """phase -> the engine sessions (runtime/comfy sampling_session.py, engine_calls.py)
+    whose placements that phase runs: the placed MODEL's (and auto-fit's re-placed
+    copies') for sampling, the placed VAE's for decode."""
     def sessions(phase: str) -> List[object]:
         if phase == "sample":
             objs = [placed.get("diffusion")]
-            if autofit is not None:
-                objs += [p for _, _, p in autofit.models]
+            if replanner is not None:
+                objs += [p for _, _, p in replanner.models]
         else:
             objs = [placed.get("vae")]
-        found = [of(o) for o in objs if o is not None]
+        found = [engine_session(o) for o in objs if o is not None]
         return [s for s in found if s is not None]
     return sessions

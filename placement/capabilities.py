@@ -10,7 +10,7 @@ Two executors run plans:
 
 A plan uses capabilities (`needs()`); a plan is executable when its executor's row for
 the component has them all (`missing()`). Auto-fit only proposes what the table allows
-(fit_search reads it through `allows()`); an explicit plan that needs more is refused
+(placement/fit/rules.py reads it through `supported()`); an explicit plan that needs more is refused
 by `check_component()` with a one-line error naming what is missing.
 """
 from typing import Dict, FrozenSet, List
@@ -55,7 +55,7 @@ TABLE: Dict[str, Dict[str, FrozenSet[str]]] = {
     # device (disk, simulated); everything else goes through ComfyUI's patchers.
     "comfyui": {
         "diffusion": _ENGINE | _PATCHER | {"batch_parallel",     # runtime/comfy/batch_parallel
-                                           "pipeline_split"},    # runtime/comfy/engine.py
+                                           "pipeline_split"},    # comfy/sampling_session.py
         "te": _ENGINE | _PATCHER,
         # tiles: ComfyUI's own decode_tiled on the placed copy (runtime/comfy/vae_tiles.py)
         "vae": frozenset({"disk", "simulated", "tiled_decode"}) | _PATCHER,

@@ -1,9 +1,12 @@
-"""Block layout: how a component's tensors group into blocks, and the byte geometry of
-the streaming ring. The one place for this arithmetic: the runtimes (runtime/stream.py,
-runtime/split/layer.py, runtime/place.py), the planner's shapes (placement/fit_shapes.py)
-and the ComfyUI shares (runtime/comfy/shares.py) all read it, so the bytes the planner
-predicts are the bytes the runtime allocates. Pure Python (no torch): the planner
-imports it.
+"""Block layout and the one byte model: how a component's tensors group into blocks, the
+byte geometry of the streaming ring, and what each kind of placement holds on each
+device (one device resident or streamed, layer split ranges with their rings, row split
+shards, batch parallel copies). The one place for this arithmetic: the runtime
+(runtime/stream.py, stages.py, split/layer.py, split/row.py, runtime/footprint.py), the
+planner (placement/resolve.py for explicit plans, placement/fit for auto-fit) and the
+ComfyUI adapter's shares (runtime/comfy/shares.py through runtime/footprint.py) all
+read it, so the bytes the planner predicts are the bytes the runtime allocates. Pure
+Python (no torch): the planner imports it; callers pass plain numbers.
 
 The ring. Streamed blocks run in a fixed cyclic order (one forward, then the next
 forward again). The ring is one device buffer of `ring_bytes(sizes, depth)` bytes: the
@@ -207,6 +210,7 @@ def ring_schedule(compute: Sequence[float], transfer: Sequence[float],
     engine = 0.0                        # the copy engine is free from then
     end = 0.0                           # the previous block's compute ended
     step_start = 0.0
+    seen = None                         # the copy state at the last step's start
     for q in range(total):
         last = min(total - 1, q + ahead[q % m])
         while issued <= last:           # issued at the hook: compute of q-1 is done
@@ -214,11 +218,24 @@ def ring_schedule(compute: Sequence[float], transfer: Sequence[float],
             land[issued] = engine
             issued += 1
         if q % m == 0:                  # the step begins (end_forward issued the above)
+            if q:
+                # the copies in flight, relative to the step's start: when they repeat,
+                # every later step repeats the last one (the steady state is reached)
+                state = (issued - q, engine - end, [land[j] - end for j in range(q, issued)])
+                if seen is not None and _same_state(seen, state, end - step_start):
+                    return end - step_start, max(0.0, end - step_start - bound)
+                seen = state
             step_start = end
             end += lead
         end = max(end, land[q]) + compute[q % m]
     step = end - step_start
     return step, max(0.0, step - bound)
+
+
+def _same_state(a, b, scale: float) -> bool:
+    tol = 1e-9 * max(scale, 1e-12)
+    return a[0] == b[0] and abs(a[1] - b[1]) <= tol and \
+        all(abs(x - y) <= tol for x, y in zip(a[2], b[2]))
 
 
 @lru_cache(maxsize=4096)
@@ -246,3 +263,160 @@ def choose_depth(compute: Sequence[float], transfer: Sequence[float], sizes: Seq
         if share < best[0] - 1e-12:
             best = (share, depth)
     return best[1], shares[:best[1]]
+
+
+# -- what a placement holds on each device --------------------------------------------------
+# One byte model for the planner (placement/resolve.py, placement/fit), the runtime
+# (runtime/stages.py, split/layer.py, split/row.py, runtime/footprint.py) and the ComfyUI
+# adapter (runtime/comfy/shares.py). Inputs are plain numbers: `non_block` bytes (held by
+# the main device, index 0), block `sizes` in execution order, each device's `room` for
+# weights (its ledger capacity, the budget capped by free memory, less working memory).
+def prefix_and_ring(sizes: Sequence[int], k: int, depth: int) -> int:
+    """Blocks `sizes` with the first k resident and the rest cycling through the ring."""
+    k = max(0, min(int(k), len(sizes)))
+    return sum(sizes[:k]) + ring_bytes(sizes[k:], max(0, depth))
+
+
+def one_device_bytes(non_block: int, sizes: Sequence[int],
+                     stream: Optional[Tuple[int, int]] = None) -> int:
+    """One device (runtime/one_device.py): every weight, or when streamed (`stream` =
+    (resident prefix, prefetch depth)) the non-block weights, the prefix and the ring."""
+    if stream is None:
+        return non_block + sum(sizes)
+    return non_block + prefix_and_ring(sizes, stream[0], stream[1])
+
+
+def batch_parallel_bytes(non_block: int, sizes: Sequence[int],
+                         streams: Sequence[Optional[Tuple[int, int]]]) -> List[int]:
+    """Batch parallel (runtime/parallel/batch.py): each device holds its own one-device
+    placement; `streams` has one (prefix, depth) or None per device."""
+    return [one_device_bytes(non_block, sizes, s) for s in streams]
+
+
+def range_prefix(sizes: Sequence[int], room: int, depth: int,
+                 streaming: bool) -> Optional[int]:
+    """Blocks of a layer split's range kept resident on a device with `room` for them:
+    all when they fit; else, streaming, the largest prefix whose ring fits beside it.
+    None: the runtime refuses (not streaming, or not even the ring fits)."""
+    if sum(sizes) <= room:
+        return len(sizes)
+    return resident_prefix(sizes, room, depth) if streaming else None
+
+
+def range_bytes(sizes: Sequence[int], room: int, depth: int, streaming: bool,
+                planned: Optional[int] = None) -> int:
+    """Bytes a layer split's range takes on its device (prefix + ring). `planned`: the
+    plan's own prefix, taken where it fits. Where the runtime refuses the range, the
+    least it would need (the whole range, or streaming the ring alone): more than
+    `room`, so a caller compares with the room to know."""
+    if planned is not None and prefix_and_ring(sizes, planned, depth) <= room:
+        return prefix_and_ring(sizes, planned, depth)
+    k = range_prefix(sizes, room, depth, streaming)
+    if k is None:
+        k = 0 if streaming else len(sizes)
+    return prefix_and_ring(sizes, k, depth)
+
+
+def split_rooms(rooms: Sequence[int], main: int) -> List[float]:
+    """Each device's weight for a split's shares (layer ranges, row counts): its room,
+    the main device's less what it holds besides (runtime/engine.share_weights)."""
+    return [float(max(0, r - (main if i == 0 else 0))) for i, r in enumerate(rooms)]
+
+
+def owner_of(ranges: Dict[str, Sequence[int]], devices: Sequence[str],
+             n: int) -> Optional[List[int]]:
+    """{device: [first, last]} -> device index per block; None when the ranges do not
+    cover 0..n-1 exactly once with `devices`."""
+    owner = [-1] * n
+    for dev, (first, last) in ranges.items():
+        if dev not in devices or not 0 <= first <= last < n:
+            return None
+        for i in range(first, last + 1):
+            if owner[i] != -1:
+                return None
+            owner[i] = list(devices).index(dev)
+    return None if -1 in owner else owner
+
+
+def layer_split_bytes(non_block: int, sizes: Sequence[int], owner: Sequence[int],
+                      rooms: Sequence[int], depth: int, streaming: bool,
+                      prefixes: Optional[Sequence[Optional[int]]] = None) -> List[int]:
+    """Layer split (runtime/split/layer.py): per device, the non-block weights on the
+    main one plus its range's `range_bytes`. `prefixes[d]`: the plan's own resident
+    prefix for device d (auto-fit's, when streaming), else None. A device over its room
+    is one the runtime refuses."""
+    out = []
+    for d, room in enumerate(rooms):
+        mine = [s for s, o in zip(sizes, owner) if o == d]
+        base = non_block if d == 0 else 0
+        k = prefixes[d] if prefixes is not None and d < len(prefixes) else None
+        out.append(base + range_bytes(mine, room - base, depth, streaming, k))
+    return out
+
+
+# -- the row split ----------------------------------------------------------------------------
+# runtime/split/row.py shards the 2-D Linear weights inside blocks of at least ROW_MIN x
+# ROW_MIN (stable-diffusion.cpp's rule) by output rows over the devices, each Linear's
+# rows in proportion to the devices' `split_rooms`; its bias goes with its rows. All else
+# (non-block weights, smaller matrices, norms, convolutions) stays on the main device.
+ROW_MIN = 256
+
+
+def row_shardable(rows: int, cols: int) -> bool:
+    return rows >= ROW_MIN and cols >= ROW_MIN
+
+
+def row_counts(rows: int, weights: Sequence[float]) -> List[int]:
+    """Rows per device in proportion to weights (largest remainder); weight 0 gets 0."""
+    total = sum(weights)
+    exact = [rows * w / total for w in weights]
+    counts = [int(e) for e in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[:rows - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def row_split_bytes(shards: Sequence[Tuple[int, int, int]], main: int,
+                    rooms: Sequence[int]) -> Optional[List[int]]:
+    """Bytes per device of a row split: `shards` are (rows, bytes per row, how many) of
+    the sharded Linears (a row: the weight's row and the bias element), `main` the bytes
+    of everything else. None: no room for any shard after `main` (the runtime refuses)."""
+    weights = split_rooms(rooms, main)
+    if not any(weights):
+        return None
+    out = [main] + [0] * (len(rooms) - 1)
+    for rows, row_bytes, count in shards:
+        for d, c in enumerate(row_counts(rows, weights)):
+            out[d] += c * row_bytes * count
+    return out
+
+
+def row_split_applies(info) -> bool:
+    """Whether the runtime row-splits this component: some block holds a Linear to shard
+    (else it splits by layer). Without tensor shapes (`row_shards` None), when it has
+    blocks."""
+    shards = getattr(info, "row_shards", None)
+    return bool(info.blocks) if shards is None else bool(shards)
+
+
+def row_unsharded(info) -> int:
+    """Bytes a row split keeps whole on the main device (all but the sharded rows)."""
+    shards = getattr(info, "row_shards", None)
+    total = max(int(info.total_bytes), sum(max(0, int(b.nbytes)) for b in info.blocks))
+    if shards is None:                    # not known: the blocks are what is sharded
+        return total - sum(max(0, int(b.nbytes)) for b in info.blocks)
+    return total - sum(rows * row_bytes * count for rows, row_bytes, count in shards)
+
+
+def row_split_held(info, rooms: Sequence[int]) -> Optional[List[int]]:
+    """Row split bytes per device for a ComponentInfo (placement/metadata), as
+    runtime/split/row.py allocates them, given `rooms` (each device's ledger capacity
+    less working memory; the main device first). None: the main device's unsharded
+    weights leave no room for any shard. Without tensor shapes (`info.row_shards` None:
+    a hand-made description) the block bytes are cut in proportion to the rooms. Check
+    `row_split_applies` first."""
+    shards = getattr(info, "row_shards", None)
+    if shards is None:
+        shards = ((sum(max(0, int(b.nbytes)) for b in info.blocks), 1, 1),)
+    return row_split_bytes(shards, row_unsharded(info), rooms)

@@ -12,8 +12,8 @@ stages run a forward's batch in shares one behind the other: stage 2 computes sh
 while stage 1 computes share 2. So it needs two or more runtime devices and a layer
 split (a row split has no stages); a batch of 1 runs as the plain layer split.
 
-With auto_fit, parallel batch is decided by the planner (placement/fit_rules.py,
-fit_search.py): asked, it is the only placement priced for the component (on the named
+With auto_fit, parallel batch is decided by the planner (placement/fit/kinds/
+batch_parallel.py and pipeline.py, under placement/fit/rules.py): asked, it is the only placement priced for the component (on the named
 devices, or the GPUs auto-fit picks); unset, it is priced beside the plain placements
 and the pipelined layer split and chosen when predicted fastest; parallel none forbids
 both. Parallel pipeline asked with auto_fit prices only pipelined layer splits (over the
@@ -63,7 +63,7 @@ def smallest_budget(cp, budgets: Dict[str, Optional[int]]) -> Optional[int]:
 
 def check_with_auto_fit(request) -> None:
     """parallel batch or pipeline asked with auto_fit: the backend, when given, must name
-    two or more GPUs (auto-fit decides everything else against the budgets, fit_rules.py)."""
+    two or more GPUs (auto-fit decides everything else against the budgets, fit/rules.py)."""
     for comp, ch in request.choices.items():
         mode = getattr(ch, "parallel", None)
         if mode not in ("batch", "pipeline") or not ch.runtime:

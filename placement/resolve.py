@@ -11,7 +11,8 @@ from .capabilities import DEFAULT_EXECUTOR, check_executor, check_plan
 from .components import COMPONENTS
 from .devices import Inventory
 from .errors import PlacementError
-from .layout import ring_bytes
+from .layout import (batch_parallel_bytes, layer_split_bytes, one_device_bytes, owner_of,
+                     row_split_applies, row_split_held, row_unsharded)
 from .plan import ComponentPlan, DevicePlan, Plan, StreamPlan
 from .spec import PlacementSpec
 from .units import format_bytes
@@ -38,25 +39,36 @@ class Request:
     stream_layers: bool
     warnings: List[str] = field(default_factory=list)
     offload_mode: str = "auto"
+    # what fell back, as data (the editor shows these, it never parses the warnings):
+    # {"component": name or None, "field": backend | params | max_vram, "asked": token,
+    #  "why": the device error}; the plan JSON carries them as "fallbacks"
+    fallbacks: List[dict] = field(default_factory=list)
 
 
 def _resolve_name(inventory: Inventory, token: str, strict: bool, where: str,
-                  warnings: List[str], fallback: str = "falling back to auto") -> Optional[str]:
+                  warnings: List[str], fallback: str = "falling back to auto",
+                  fallbacks: Optional[List[dict]] = None, component: Optional[str] = None,
+                  field_name: str = "backend") -> Optional[str]:
     try:
         return inventory.resolve(token).name
     except PlacementError as exc:
         if strict:
             raise
         warnings.append(f"{where}: {exc}; {fallback}")
+        if fallbacks is not None:
+            fallbacks.append({"component": component, "field": field_name, "asked": token,
+                              "why": str(exc)})
         return None
 
 
-def _resolve_runtime(inventory, tokens, strict, where, warnings) -> Optional[List[str]]:
+def _resolve_runtime(inventory, tokens, strict, where, warnings, fallbacks=None,
+                     component=None) -> Optional[List[str]]:
     if tokens is None:
         return None
     names = []
     for token in tokens:
-        name = _resolve_name(inventory, token, strict, where, warnings)
+        name = _resolve_name(inventory, token, strict, where, warnings, fallbacks=fallbacks,
+                             component=component)
         if name is None:
             continue
         if name in names:
@@ -83,15 +95,17 @@ def resolve_request(spec: PlacementSpec, inventory: Inventory, strict: bool = Tr
     if not isinstance(spec, PlacementSpec):
         raise PlacementError(f"expected a PlacementSpec, got {type(spec).__name__}")
     warnings: List[str] = []
+    fallbacks: List[dict] = []
     choices = {}
     for comp in COMPONENTS:
         runtime = _resolve_runtime(inventory, spec.runtime.for_component(comp), strict,
-                                   f"backend for {comp}", warnings)
+                                   f"backend for {comp}", warnings, fallbacks, comp)
         params_token = spec.params.for_component(comp)
         params = params_token
         if params_token not in (None, "disk"):
             params = _resolve_name(inventory, params_token, strict,
-                                   f"params backend for {comp}", warnings)
+                                   f"params backend for {comp}", warnings,
+                                   fallbacks=fallbacks, component=comp, field_name="params")
         choices[comp] = Choice(runtime, params, spec.split.for_component(comp),
                                spec.parallelism.for_component(comp))
 
@@ -101,10 +115,11 @@ def resolve_request(spec: PlacementSpec, inventory: Inventory, strict: bool = Tr
             budgets[d.name] = _resolve_budget(inventory, spec.budgets.default, d.name)
     for token, value in spec.budgets.modules.items():
         name = _resolve_name(inventory, token, strict, "max_vram key", warnings,
-                             "that budget is ignored")
+                             "that budget is ignored", fallbacks, None, "max_vram")
         if name is not None:
             budgets[name] = _resolve_budget(inventory, value, name)
-    return Request(choices, budgets, spec.stream_layers, warnings, spec.offload_mode)
+    return Request(choices, budgets, spec.stream_layers, warnings, spec.offload_mode,
+                   fallbacks)
 
 
 def describe_components(components, resolution=(1024, 1024), frames=1, batch=1):
@@ -162,6 +177,8 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
         result = explicit_plan(request, inventory, infos)
         result.warnings.extend(_unused_without_auto_fit(spec, inventory, request))
         result.warnings.extend(_unused_budgets(result, inventory, request))
+    if request.fallbacks:
+        result.extra["fallbacks"] = [dict(f) for f in request.fallbacks]
     decide_lora(result, infos, spec.lora_mode)
     for comp, info in infos.items():          # GGUF: the type(s) its weights rest in
         if info.quant and comp in result.components:
@@ -329,95 +346,133 @@ def _sizes(cp: ComponentPlan, info) -> None:
         cp.resident_bytes = info.total_bytes    # while its phase runs
 
 
-def _device_shares(cp: ComponentPlan, info) -> Dict[str, int]:
-    """Bytes a component holds on each device while it runs (a split: its ranges' blocks,
-    the main device also the non-block weights)."""
-    if cp.parallel == "batch":               # a whole copy (or stream) on every device
-        return {d: cp.resident_bytes for d in cp.runtime}
-    if cp.stream is not None and not cp.is_split and info is not None and info.blocks:
-        # the resident part and the ring the streamed blocks cycle through (the byte
-        # model the runtime allocates: placement/layout.py)
-        k = cp.stream.resident_blocks
-        ring = ring_bytes([b.nbytes for b in info.blocks[k:]], cp.stream.prefetch_depth)
-        return {cp.main_device: cp.resident_bytes + ring}
-    if not (cp.is_split and cp.blocks and info is not None and info.blocks):
-        return {cp.main_device: cp.resident_bytes}
-    share = {d: sum(b.nbytes for b in info.blocks[r[0]:r[1] + 1]) for d, r in cp.blocks.items()}
-    share[cp.main_device] = share.get(cp.main_device, 0) + info.non_block_bytes
-    return share
+def capacity(dev: DevicePlan) -> int:
+    """The runtime's ledger capacity on a device (runtime/target.open_target): its budget
+    capped by its free memory; the host's budget stands as given."""
+    if dev.budget_bytes is None:
+        return dev.free_bytes
+    return dev.budget_bytes if dev.kind == "cpu" else min(dev.budget_bytes, dev.free_bytes)
 
 
-def _least_weights(cp: ComponentPlan, info) -> Optional[Dict[str, int]]:
-    """The weight bytes the runtime must allocate on each device for `cp` before it can
-    run (a streamed range at least its ring), by the runtime's own arithmetic
-    (placement/layout.py); None where that is not modelled here (a row split's shards,
-    a streamed batch-parallel copy)."""
-    if info is None:
-        return None
-    if cp.split_mode == "row" and cp.is_split and cp.parallel != "batch":
-        return None
-    if cp.parallel == "batch":
-        return None if cp.stream is not None else {d: info.total_bytes for d in cp.runtime}
-    if not (cp.is_split and cp.blocks and info.blocks):
-        return _device_shares(cp, info)
-    need = {}
-    for d, (first, last) in cp.blocks.items():
-        sizes = [b.nbytes for b in info.blocks[first:last + 1]]
-        need[d] = ring_bytes(sizes, cp.stream.prefetch_depth) if cp.stream is not None \
-            else sum(sizes)
-    need[cp.main_device] = need.get(cp.main_device, 0) + info.non_block_bytes
-    return need
+def _rooms(cp: ComponentPlan, by_name) -> List[int]:
+    """Room for weights on each runtime device: an explicit plan reserves no working
+    memory (runtime/engine.py takes the plan's headroom, None here)."""
+    return [capacity(by_name[d]) - int(cp.headroom_bytes or 0) for d in cp.runtime]
 
 
-def _fix(cp: ComponentPlan, info, name: str, need: int) -> str:
-    """One change that makes the weights fit on device `name`."""
+def _held(cp: ComponentPlan, info, by_name) -> Dict[str, int]:
+    """Weight and ring bytes the runtime allocates on each device for `cp`, by its own
+    arithmetic (placement/layout.py). A device over its capacity is one the runtime
+    refuses; its figure is then the least the runtime would need there."""
+    sizes = [max(0, int(b.nbytes)) for b in info.blocks]
+    non_block = max(0, int(info.total_bytes) - sum(sizes))
+    depth = max(0, cp.stream.prefetch_depth) if cp.stream is not None else 0
+    if cp.parallel == "batch":              # a whole copy (or stream) on every device
+        stream = (cp.stream.resident_blocks, depth) if cp.stream is not None else None
+        return dict(zip(cp.runtime, batch_parallel_bytes(non_block, sizes,
+                                                         [stream] * len(cp.runtime))))
+    if cp.is_split and cp.split_mode == "row" and row_split_applies(info):
+        held = row_split_held(info, _rooms(cp, by_name))
+        return dict(zip(cp.runtime, held)) if held is not None else \
+            {cp.main_device: row_unsharded(info)}
+    owner = owner_of(cp.blocks, cp.runtime, len(sizes)) if cp.is_split and cp.blocks \
+        else None
+    if owner is None:
+        stream = (cp.stream.resident_blocks, depth) if cp.stream is not None and sizes \
+            else None
+        return {cp.main_device: one_device_bytes(non_block, sizes, stream)}
+    held = layer_split_bytes(non_block, sizes, owner, _rooms(cp, by_name), depth,
+                             cp.stream is not None)
+    return {d: b for d, b in zip(cp.runtime, held) if b or d == cp.main_device}
+
+
+def _fix(cp: ComponentPlan, info, dev: DevicePlan, need: int) -> str:
+    """One change that makes the weights fit on device `dev` (a budget raised past the
+    free memory would not: the runtime caps it there)."""
+    name = dev.name
     raise_it = f"raise max_vram {name} to {format_bytes(need)} or more"
+    can_raise = need <= dev.free_bytes
+    if dev.kind == "cpu":
+        return raise_it if dev.budget_bytes is not None and can_raise else \
+            f"free host memory, or run {cp.component} on a GPU"
+    if cp.is_split and cp.split_mode == "row" and row_split_applies(info):
+        return raise_it if can_raise else \
+            "use split_mode layer with stream_layers (a row split does not stream)"
     if cp.stream is None and cp.component in STREAMED_BY_DEFAULT and info.blocks:
         return "turn on stream_layers" + (" (each device streams its range)"
                                           if cp.is_split else "")
     if not cp.is_split and info.blocks:
-        return f"{raise_it}, or split it (e.g. {cp.component}={name}&<another GPU>)"
-    return raise_it
+        split = f"split it (e.g. {cp.component}={name}&<another GPU>)"
+        return f"{raise_it}, or {split}" if can_raise else split
+    return raise_it if can_raise else \
+        f"free {format_bytes(need - dev.free_bytes)} on {name}, or give it fewer blocks " \
+        f"(add a device to the split)"
+
+
+def _what(cp: ComponentPlan, info) -> str:
+    if cp.is_split and cp.split_mode == "row" and row_split_applies(info):
+        return "its row shards and unsharded weights"
+    if cp.stream is not None and not cp.is_split:
+        return "its streaming ring and resident blocks"
+    return "its block range" if cp.is_split else "its weights"
+
+
+def _refuse_no_shard_room(cp: ComponentPlan, info, by_name) -> None:
+    """A row split whose main device's unsharded weights leave no device room for a
+    shard: runtime/engine.share_weights refuses it."""
+    if not (cp.is_split and cp.split_mode == "row" and cp.parallel != "batch" and
+            row_split_applies(info)) or row_split_held(info, _rooms(cp, by_name)) is not None:
+        return
+    main = by_name[cp.main_device]
+    need = row_unsharded(info)
+    room = capacity(main) - int(cp.headroom_bytes or 0)
+    raise PlacementError(
+        f"{main.name}: {cp.component} keeps {format_bytes(need)} of unsharded weights there "
+        f"and no device of {'&'.join(cp.runtime)} has room left for a row shard: "
+        f"{main.name}'s capacity is {format_bytes(capacity(main))}, short by "
+        f"{format_bytes(need - room + 1)} or more; raise max_vram {main.name}, or give "
+        f"another device of the split memory")
 
 
 def refuse_what_the_runtime_refuses(devices: List[DevicePlan],
                                     comps: Dict[str, ComponentPlan], infos) -> None:
     """An explicit plan whose weights cannot be allocated where it puts them (the
-    resident part, a ring, a split range, the non-block weights) under the device's
-    budget (else its free memory) is refused here, in one line naming the device, what
-    does not fit, by how much and one change that fixes it; the runtime would refuse it
-    at load. Working memory comes on top: an explicit plan that leaves too little for
-    it is warned about (_account), since its size is known only when the run starts."""
+    resident part, a ring, a split range or a row shard, the non-block weights) under
+    the device's capacity (its budget, else its free memory; on the host the budget as
+    given, as the runtime's ledger) is refused here, in one line naming the device,
+    what does not fit, by how much and one change that fixes it; the runtime would
+    refuse it at load. Working memory comes on top: an explicit plan that leaves too
+    little for it is warned about (_account), since its size is known only when the
+    run starts. The host is checked where a component computes there (its ledger);
+    weights resting in RAM for a GPU are not allocated by the runtime (the module
+    holds them), so RAM short of them is warned about, not refused."""
     from .components import PHASES
     by_name = {d.name: d for d in devices}
     held: Dict[tuple, List[tuple]] = {}
     for cp in comps.values():
         info = infos.get(cp.component)
-        if not cp.present:
+        if not cp.present or info is None or any(d not in by_name for d in cp.runtime):
             continue
-        need = _least_weights(cp, info)
-        for d, b in (need or {}).items():
-            if d in by_name and by_name[d].kind != "cpu" and b > 0:
+        _refuse_no_shard_room(cp, info, by_name)
+        for d, b in _held(cp, info, by_name).items():
+            if b > 0:
                 held.setdefault((d, PHASES[cp.component]), []).append((b, cp))
     for (name, phase), parts in held.items():
         dev = by_name[name]
-        limit = dev.free_bytes if dev.budget_bytes is None else \
-            min(dev.budget_bytes, dev.free_bytes)
+        limit = capacity(dev)
         total = sum(b for b, _ in parts)
         if total <= limit:
             continue
         b, cp = max(parts, key=lambda x: x[0])
-        what = ("budget" if dev.budget_bytes is not None and dev.budget_bytes <= dev.free_bytes
-                else "free memory")
-        kind = ("its streaming ring and resident blocks" if cp.stream is not None and
-                not cp.is_split else "its block range" if cp.is_split else "its weights")
+        what = "budget" if dev.budget_bytes is not None and limit == dev.budget_bytes \
+            else "free memory"
         others = f" (with {format_bytes(total - b)} of other {phase} components)" \
             if len(parts) > 1 else ""
+        info = infos.get(cp.component)
         raise PlacementError(
-            f"{name}: {cp.component} needs {format_bytes(b)} for {kind} there{others} but "
-            f"the {what} of {name} is {format_bytes(limit)}, short by "
-            f"{format_bytes(total - limit)}; "
-            f"{_fix(cp, infos.get(cp.component), name, total)}")
+            f"{name}: {cp.component} needs {format_bytes(b)} for {_what(cp, info)} there"
+            f"{others} but the {what} of {name} is {format_bytes(limit)}, short by "
+            f"{format_bytes(total - limit)}; {_fix(cp, info, dev, total)}")
 
 
 def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,
@@ -430,7 +485,9 @@ def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,
     for cp in comps.values():
         if not cp.present:
             continue
-        share = _device_shares(cp, infos.get(cp.component))
+        info = infos.get(cp.component)
+        share = _held(cp, info, by_name) if info is not None else \
+            {cp.main_device: cp.resident_bytes}
         for d, b in share.items():
             if by_name[d].kind == "cpu":
                 continue
@@ -456,8 +513,8 @@ def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,
         if not cp.present or info is None or info.headroom_bytes is None:
             continue
         per_device = dict(info.headroom_per_device)
-        for d in cp.runtime:
-            if d in by_name and by_name[d].kind != "cpu":
+        for d in cp.runtime:            # the host too, where the component computes there
+            if d in by_name:
                 phase = PHASES[cp.component]
                 need = int(per_device.get(d, info.headroom_bytes))
                 if need > work.get(d, {}).get(phase, (0, ""))[0]:
@@ -465,16 +522,19 @@ def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,
     weights = {d: dict(p) for d, p in per_phase.items()}
     for d, phases in work.items():
         for phase, (w, _) in phases.items():
-            per_phase.setdefault(d, {})[phase] = per_phase.get(d, {}).get(phase, 0) + w
+            mine = per_phase.setdefault(d, {})
+            # the host's weights resting there for the session are there in every phase
+            mine[phase] = mine.get(phase, mine.get("session", 0)) + w
     for name, phases in per_phase.items():
         dev = by_name[name]
         dev.planned_bytes = max(phases.values())
-        limit = dev.budget_bytes if dev.budget_bytes is not None else dev.free_bytes
-        what = 'budget' if dev.budget_bytes is not None else 'free memory'
+        limit = capacity(dev)
+        what = 'budget' if limit == dev.budget_bytes else 'free memory'
         if dev.planned_bytes <= limit:
             continue
         phase = max(phases, key=phases.get)
-        held = weights.get(name, {}).get(phase, 0)
+        mine = weights.get(name, {})
+        held = mine.get(phase, mine.get("session", 0))
         if held > limit:
             warnings.append(f"{name}: plan needs {format_bytes(dev.planned_bytes)} but the "
                             f"{what} is {format_bytes(limit)}; turn on auto_fit or "

@@ -260,7 +260,7 @@ def run_calibrate(inventory, folders=None, quick=False, progress=None, save=True
     cluster = nullcontext()
     if workers:
         from .distributed.auth import DEFAULT_SECRET_ENV
-        from .distributed.session import Cluster
+        from .distributed.cluster import Cluster
         cluster = Cluster(workers, secret_env=secret_env or DEFAULT_SECRET_ENV)
     with cluster as joined:
         record = calibrate(inventory, folders, quick, progress)

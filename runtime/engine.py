@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..placement.errors import PlacementError
+from ..placement.layout import split_rooms
 from .faults import teardown_after
 from .hoststore import HostStore
 from .residency import Group, PinnedPool, default_pinned_cap, give_back_freed_host_memory
@@ -215,10 +216,8 @@ class Engine:
     def share_weights(self, held_on_main: int) -> List[float]:
         """Each device's room for its share: budget minus headroom, minus what the main
         device holds besides (non-block weights)."""
-        out = []
-        for i, t in enumerate(self.targets):
-            room = t.ledger.capacity - self.headroom[i] - (held_on_main if i == 0 else 0)
-            out.append(float(max(0, room)))
+        out = split_rooms([t.ledger.capacity - h for t, h in zip(self.targets, self.headroom)],
+                          held_on_main)
         if not any(out):
             raise PlacementError(f"{self.component}: no room left on "
                                  f"{'&'.join(self.runtime)} after headroom and the main "

@@ -1,5 +1,5 @@
 """The staged block engine: a module's repeated blocks cut into contiguous stages, one per
-runtime device. One device is the one-stage case (place.py's `Placed`); several are the
+runtime device. One device is the one-stage case (one_device.py's `Placed`); several are the
 layer split (split/layer.py), whose activations hop at the stage boundaries.
 
 Per stage: the non-block weights rest on the first (main) device, which runs the

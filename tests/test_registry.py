@@ -167,9 +167,13 @@ def test_icon_is_at_most_800_by_400_pixels():
         f"[tool.comfy] Icon is {width:g}x{height:g}: the registry allows at most 800x400 pixels"
 
 
-def test_web_directory_exists():
-    web = COMFY.get("web")
-    assert web is None or (ROOT / web).is_dir(), f"[tool.comfy] web = {web!r} is no folder"
+def test_web_directory_is_registered_once():
+    """The editor's JS comes from WEB_DIRECTORY (whatever folder the pack is cloned
+    into). A [tool.comfy] web entry would register web/ a second time under the project
+    name (ComfyUI's nodes.py keys one by project name, one by folder name), and the
+    frontend would load the extension twice."""
+    assert "web" not in COMFY, "[tool.comfy] web registers web/ twice beside WEB_DIRECTORY"
+    assert 'WEB_DIRECTORY = "./web"' in (ROOT / "__init__.py").read_text()
 
 
 # the import package is `comfyui_placement`, whatever the distribution is named

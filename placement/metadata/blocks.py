@@ -8,8 +8,9 @@ once per block, not once per tensor. Blocks of a group that should be alike are
 checked for the same tensor suffixes and bytes; groups that are not are reported.
 """
 import re
-from typing import Dict, List, NamedTuple, Sequence
+from typing import Dict, List, NamedTuple, Sequence, Tuple
 
+from ..layout import row_shardable
 from .tensors import TensorInfo
 
 
@@ -201,3 +202,33 @@ def find_blocks(tensors: Sequence[TensorInfo], family: str) -> BlockScan:
             irregular.append(f"{group}: {len(odd)} of {len(members)} blocks differ from the "
                              f"rest ({', '.join(odd[:3])}{', ...' if len(odd) > 3 else ''})")
     return BlockScan(blocks, irregular, group_tail, total, by_dtype, by_quant)
+
+
+def row_shards(tensors: Sequence[TensorInfo], blocks: Sequence[Block]
+               ) -> Tuple[Tuple[int, int, int], ...]:
+    """The matrices a row split shards, as placement/layout.row_split_bytes takes them:
+    (rows, bytes per row, how many). From names and shapes: a 2-D `.weight` of at least
+    256x256 inside a block is a Linear's (what runtime/split/row.py shards); its `.bias`
+    goes with its rows."""
+    names = {b.name for b in blocks if b.name}
+    biases = {t.name[:-5]: t.nbytes for t in tensors
+              if len(t.shape) == 1 and t.name.endswith(".bias")}
+    found: Dict[Tuple[int, int], int] = {}
+    for t in tensors:
+        if len(t.shape) != 2 or not t.name.endswith(".weight"):
+            continue
+        rows, cols = int(t.shape[0]), int(t.shape[1])
+        if not row_shardable(rows, cols) or not _in_block(t.name, names):
+            continue
+        key = (rows, (t.nbytes + biases.get(t.name[:-7], 0)) // rows)
+        found[key] = found.get(key, 0) + 1
+    return tuple((rows, nb, n) for (rows, nb), n in sorted(found.items()))
+
+
+def _in_block(name: str, blocks) -> bool:
+    i = name.find(".")
+    while i > 0:
+        if name[:i] in blocks:
+            return True
+        i = name.find(".", i + 1)
+    return False

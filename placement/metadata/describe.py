@@ -9,7 +9,7 @@ from ..components import canonical_component
 from ..errors import PlacementError
 from ..units import format_bytes, parse_bytes
 from . import headroom as hr
-from .blocks import find_blocks
+from .blocks import find_blocks, row_shards
 from .gguf_file import dequant_scratch_bytes, quant_label
 from .info import BlockInfo, ComponentInfo
 from .module_info import is_module, read_module
@@ -136,7 +136,18 @@ def merge(component: str, infos: Sequence[ComponentInfo]) -> ComponentInfo:
         warnings=tuple(w for i in infos for w in i.warnings),
         irregular_groups=tuple(g for i in infos for g in i.irregular_groups),
         headroom_basis=top.headroom_basis, tensor_count=sum(i.tensor_count for i in infos),
-        workspace_bytes=top.workspace_bytes)
+        workspace_bytes=top.workspace_bytes, row_shards=_merged_shards(infos))
+
+
+def _merged_shards(infos: Sequence[ComponentInfo]):
+    """Every part's row-split matrices; None when a part's are not known."""
+    if any(i.row_shards is None for i in infos):
+        return None
+    found: Dict[Tuple[int, int], int] = {}
+    for info in infos:
+        for rows, nb, n in info.row_shards:
+            found[(rows, nb)] = found.get((rows, nb), 0) + n
+    return tuple((rows, nb, n) for (rows, nb), n in sorted(found.items()))
 
 
 # -- inputs ----------------------------------------------------------------------------
@@ -300,7 +311,8 @@ def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.La
                          sources=paths or (label,),
                          warnings=tuple(warnings), root=part.root,
                          irregular_groups=tuple(scan.irregular), headroom_basis=basis,
-                         tensor_count=len(tensors), workspace_bytes=workspace)
+                         tensor_count=len(tensors), workspace_bytes=workspace,
+                         row_shards=row_shards(tensors, scan.blocks))
 
 
 def _estimate(component, arch, family, dims: "_Dims", shape, act) -> Tuple[int, str]:

@@ -39,6 +39,10 @@ class ComponentInfo:
     # a layer split's working memory on each of its devices, workspace included
     # ((device, bytes), ...); empty: headroom_bytes on every device
     headroom_per_device: Tuple[Tuple[str, int], ...] = ()
+    # the matrices a row split shards (runtime/split/row.py: 2-D weights of at least
+    # 256x256 inside blocks), as (rows, bytes per row with the bias element, how many);
+    # None: not known (a hand-made description), () none (the runtime splits by layer)
+    row_shards: Optional[Tuple[Tuple[int, int, int], ...]] = None
 
     @property
     def block_bytes(self) -> int:

@@ -4,12 +4,13 @@ The only runtime code that imports `comfy`. It places components through ComfyUI
 supported mechanisms (patcher clones, load/offload devices, wrapper copies) and
 never replaces ComfyUI's memory manager or switches a global device. Plans the patcher
 cannot express (streaming, disk, splits, simulated devices) run through the pack's
-engine: engine.py (diffusion model, per sampling run), engine_calls.py (VAE and text
-encoders, per call), engine_patcher.py (the load policy). The engine places a
+engine: engine_model.py and sampling_session.py (diffusion model, per sampling run),
+engine_calls.py (VAE and text encoders, per call), engine_patcher.py (the load policy). The engine places a
 structural copy of ComfyUI's module (runtime/shadow.py), never the module itself.
 """
-from .place import PLACERS, place_objects
-from .targets import Target, check_executable, needs_engine, target_for
+from .apply_plan import PLACERS, place_objects
+from .patcher_devices import (PatcherDevices, check_executable, needs_engine,
+                              patcher_devices_for)
 
-__all__ = ["PLACERS", "place_objects", "Target", "check_executable", "needs_engine",
-           "target_for"]
+__all__ = ["PLACERS", "place_objects", "PatcherDevices", "check_executable", "needs_engine",
+           "patcher_devices_for"]

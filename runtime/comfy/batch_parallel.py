@@ -1,11 +1,11 @@
 """Batch parallel inside ComfyUI's sampling (issue 13): the diffusion model's batch (CFG's
 cond + uncond, batch size) split over several devices at once, each device under its own
-placement, through the same extension points as the engine (engine.py), never a
-replacement of the sampler:
+placement, through the same extension points as the engine (sampling_session.py), never
+a replacement of the sampler:
 
 - the MODEL is the engine's clone (EngineLoad, shares per device, the session's
   WrappersMP.OUTER_SAMPLE / APPLY_MODEL wrappers, ON_DETACH);
-- `BatchParallelSession.open` (at the first model call of a run, from APPLY_MODEL)
+- `BatchParallelSamplingSession.open` (at the first model call of a run, from APPLY_MODEL)
   makes one structural copy of the diffusion model (runtime/shadow.py) and opens
   runtime.parallel.place_batch on it: one more copy and one placement per device, the
   packed host copy of streamed blocks in the module's store shared by every device;
@@ -24,9 +24,9 @@ from ...runtime.hoststore import store_for
 from ...runtime.parallel import place_batch
 from ...runtime.shadow import Shadow
 from .cut import cut_comfy_inputs
-from .engine import EngineSession
+from .sampling_session import SamplingSession
 
-class BatchParallelSession(EngineSession):
+class BatchParallelSamplingSession(SamplingSession):
     """The engine session of a batch-parallel diffusion model (see the module doc)."""
 
     def open(self, module) -> None:
@@ -35,17 +35,17 @@ class BatchParallelSession(EngineSession):
         placed = place_batch(front.module, self.plan, self.component, self.inventory,
                              host_store=store_for(module), repoint=front.repoint,
                              cut_inputs=cut_comfy_inputs, **options)
-        with torch.inference_mode(False):    # device buffers: normal tensors (engine.py)
+        with torch.inference_mode(False):    # normal tensors (SamplingSession.open)
             placed.__enter__()
         self.placed, self.shadow = placed, front
         self.runs += 1
 
 
 def session_class(cp):
-    return BatchParallelSession if cp.parallel == "batch" else EngineSession
+    return BatchParallelSamplingSession if cp.parallel == "batch" else SamplingSession
 
 
-def describe(cp) -> str:
+def batch_parallel_note(cp) -> str:
     return (f"diffusion: batch parallel over {', '.join(cp.runtime)}: a batch of 2 or more "
             f"(CFG's cond and uncond, batch size) is shared between them and computed at "
             f"once, each device running the whole model")

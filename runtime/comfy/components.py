@@ -13,14 +13,14 @@ import comfy.model_management
 
 from ...placement.errors import PlacementError
 from .patchers import retarget
-from .targets import Target
+from .patcher_devices import PatcherDevices
 
-Placed = Tuple[object, List[str]]
+CopyAndNotes = Tuple[object, List[str]]      # (the placed copy, notes for the plan shown)
 
 
-def place_model(model, target: Target) -> Placed:
+def place_model(model, devices: PatcherDevices) -> CopyAndNotes:
     """MODEL (a ModelPatcher around the diffusion model)."""
-    placed, notes = retarget(model, target, "diffusion")
+    placed, notes = retarget(model, devices, "diffusion")
     if placed.load_device != model.load_device:
         # The loader chose the weight dtype for its device; compute in one the new
         # device supports (as core's Select Model Device does).
@@ -28,96 +28,97 @@ def place_model(model, target: Target) -> Placed:
         if cast is not None:
             placed.set_model_compute_dtype(cast)
             notes.append(f"diffusion: computes in {str(cast).replace('torch.', '')} "
-                         f"on {target.runtime}")
+                         f"on {devices.runtime}")
     return placed, notes
 
 
-def place_clip(clip, target: Target) -> Placed:
+def place_clip(clip, devices: PatcherDevices) -> CopyAndNotes:
     """CLIP (text encoders): CLIP.encode reads its patcher's load_device."""
     placed = clip.clone()
-    placed.patcher, notes = retarget(clip.patcher, target, "te")
+    placed.patcher, notes = retarget(clip.patcher, devices, "te")
     placed.cond_stage_model = placed.patcher.model   # differs when the patcher was rebuilt
     return placed, notes
 
 
-def place_vae(vae, target: Target) -> Placed:
+def place_vae(vae, devices: PatcherDevices) -> CopyAndNotes:
     """VAE: core has no VAE.clone(); copy the wrapper, retarget its patcher, and keep the
     wrapper's own `device` (where it sends latents) in step with the patcher."""
     placed = copy.copy(vae)
-    placed.patcher, notes = retarget(vae.patcher, target, "vae")
+    placed.patcher, notes = retarget(vae.patcher, devices, "vae")
     placed.first_stage_model = placed.patcher.model
-    placed.device = target.load_device
+    placed.device = devices.load_device
     return placed, notes
 
 
-def place_controlnet(control, target: Target, diffusion_runtime: str) -> Placed:
+def place_controlnet(control, devices: PatcherDevices,
+                     diffusion_runtime: str) -> CopyAndNotes:
     """CONTROL_NET: it computes inside the sampler on the latent's device, so it must run
     where the diffusion model runs until activations can hop between devices."""
-    if target.runtime != diffusion_runtime:
+    if devices.runtime != diffusion_runtime:
         raise PlacementError(
-            f"controlnet on {target.runtime} while diffusion runs on {diffusion_runtime}: "
+            f"controlnet on {devices.runtime} while diffusion runs on {diffusion_runtime}: "
             f"ComfyUI adds ControlNet residuals inside the diffusion model's forward, so "
             f"they would have to hop devices every step, which the pack does not do yet; "
             f"put controlnet on {diffusion_runtime}")
     default = comfy.model_management.get_torch_device()
     if isinstance(control, comfy.controlnet.ControlLora):
         # Built at each sampling run on ComfyUI's default device and freed afterwards.
-        if target.load_device != default:
+        if devices.load_device != default:
             raise PlacementError(
                 f"controlnet: ComfyUI's ControlLora is always built on its default device "
-                f"({default}); it cannot run on {target.runtime}")
+                f"({default}); it cannot run on {devices.runtime}")
         return control.copy(), [f"controlnet: ControlLora is built on {default} for each "
                                 f"run and freed after it (params follow ComfyUI)"]
     placed = control.copy()
     if isinstance(control, comfy.controlnet.ControlNet):     # and its subclasses
-        placed.control_model_wrapped, notes = retarget(control.control_model_wrapped, target,
+        placed.control_model_wrapped, notes = retarget(control.control_model_wrapped, devices,
                                                        "controlnet")
         placed.control_model = placed.control_model_wrapped.model
-        placed.load_device = target.load_device
+        placed.load_device = devices.load_device
         return placed, notes
     if isinstance(control, comfy.controlnet.T2IAdapter):     # no patcher
-        if target.offload_device.type != "cpu":
+        if devices.offload_device.type != "cpu":
             raise PlacementError(
                 f"controlnet (T2I adapter): ComfyUI moves its weights back to the cpu after "
-                f"each use, so params {target.params} cannot be kept; use params cpu")
-        placed.device = target.load_device
+                f"each use, so params {devices.params} cannot be kept; use params cpu")
+        placed.device = devices.load_device
         return placed, []
     raise PlacementError(f"controlnet: unknown control type {type(control).__name__}; "
                          f"supported: ControlNet (and subclasses), ControlLora, T2IAdapter")
 
 
-def place_clip_vision(clip_vision, target: Target) -> Placed:
+def place_clip_vision(clip_vision, devices: PatcherDevices) -> CopyAndNotes:
     """CLIP_VISION: encode_image reads its own load_device and loads its patcher."""
     placed = copy.copy(clip_vision)
-    placed.patcher, notes = retarget(clip_vision.patcher, target, "clip_vision")
+    placed.patcher, notes = retarget(clip_vision.patcher, devices, "clip_vision")
     placed.model = placed.patcher.model
-    placed.load_device = target.load_device
+    placed.load_device = devices.load_device
     return placed, notes
 
 
-def place_upscale_model(upscale_model, target: Target) -> Placed:
+def place_upscale_model(upscale_model, devices: PatcherDevices) -> CopyAndNotes:
     """UPSCALE_MODEL: core's upscale node computes on `upscale_model.patcher.load_device`."""
     patcher = getattr(upscale_model, "patcher", None)
     if patcher is None:
         raise PlacementError("upscaler: this upscale model has no ComfyUI patcher; load it "
                              "with core's Load Upscale Model node")
     placed = copy.copy(upscale_model)
-    placed.patcher, notes = retarget(patcher, target, "upscaler")
+    placed.patcher, notes = retarget(patcher, devices, "upscaler")
     if placed.patcher.model is not patcher.model:
         raise PlacementError("upscaler: its patcher was rebuilt, which spandrel models "
                              "cannot follow; run ComfyUI with --disable-dynamic-vram")
     return placed, notes
 
 
-def place_photomaker(photomaker, target: Target) -> Placed:
+def place_photomaker(photomaker, devices: PatcherDevices) -> CopyAndNotes:
     """PHOTOMAKER: core's PhotoMaker encoder has no patcher; it computes on its
     `load_device` and casts its weights there per layer from wherever they rest."""
     resting = {p.device for p in photomaker.parameters()}
-    if resting and resting != {target.offload_device}:
+    if resting and resting != {devices.offload_device}:
         have = ", ".join(sorted(str(d) for d in resting))
         raise PlacementError(
             f"photomaker: its weights rest on {have} and ComfyUI's PhotoMaker model has no "
             f"patcher to move them; use params {have.replace(':', '')}")
     placed = copy.copy(photomaker)           # shares weights; own load_device attribute
-    placed.load_device = target.load_device
+    placed.load_device = devices.load_device
     return placed, []

@@ -3,10 +3,10 @@ pipelined split): `transformer_options` by meaning, not by shape: `sigmas` per i
 per-chunk lists `cond_or_uncond` and `uuids` to the chunks a share's items come from;
 everything else in it (patches, sample_sigmas, wrappers) goes whole to every share. Other
 inputs (x, timestep, context, y, guidance, control's tensors) are cut where their leading
-size is the batch (runtime/parallel/shares.cut_all)."""
+size is the batch (runtime/parallel/batch_cut.cut_all)."""
 import torch
 
-from ...runtime.parallel.shares import cut_all
+from ...runtime.parallel.batch_cut import cut_all
 
 PER_CHUNK = ("cond_or_uncond", "uuids")      # one entry per conditioning chunk
 PER_ITEM = ("sigmas",)                      # one entry per batch item

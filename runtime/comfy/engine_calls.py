@@ -34,7 +34,7 @@ from ...placement.errors import PlacementError
 from ...runtime.hoststore import drop_store, store_for
 from ...runtime.place import place
 from ...runtime.shadow import Shadow
-from .engine import engine_clone
+from .sampling_session import engine_clone
 from .engine_patcher import KEY
 from .patch_errors import patches_must_apply
 from .row_lora import row_lora_options
@@ -96,8 +96,8 @@ class CallSession:
         record["stats"] = placed.stats()
 
     def on_detach(self, patcher, unpatch_all):
-        """ComfyUI unloads the placed copy: the packed host copy goes (engine.py says
-        which detaches keep it)."""
+        """ComfyUI unloads the placed copy: the packed host copy goes (sampling_session.py
+        says which detaches keep it)."""
         if unpatch_all and self.module is not None:
             drop_store(self.module)
 

@@ -1,9 +1,9 @@
 """The diffusion MODEL run by the pack's engine: `place_model_with_engine(model, plan,
-inventory)` returns the clone wired to its session (engine.py's EngineSession, or
-batch_parallel.py's for parallel batch) through ComfyUI's extension points: the session as
+inventory)` returns the clone wired to its session (sampling_session.py's SamplingSession,
+or batch_parallel.py's for parallel batch) through ComfyUI's extension points: the session as
 an attachment, its OUTER_SAMPLE and APPLY_MODEL wrappers, ON_DETACH and the multi-GPU
 deep-clone callback, and one stand-in patcher per device for the memory manager
-(shares.py). How the session runs is engine.py's docstring."""
+(shares.py). How the session runs is sampling_session.py's docstring."""
 from typing import List, Tuple
 
 import torch
@@ -11,8 +11,8 @@ import torch
 import comfy.patcher_extension as ext
 
 from ...placement.errors import PlacementError
-from .batch_parallel import describe, session_class
-from .engine import diffusion_file, engine_clone
+from .batch_parallel import batch_parallel_note, session_class
+from .sampling_session import diffusion_file, engine_clone
 from .engine_patcher import KEY
 from .gguf_models import is_gguf_module, missing_file_error
 from .shares import register_shares
@@ -43,7 +43,7 @@ def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
     mode = ("streamed" if cp.stream is not None else "placed") + \
         f" by the pack's engine on {on}"
     if cp.parallel == "batch":
-        notes.append(describe(cp))
+        notes.append(batch_parallel_note(cp))
     elif cp.is_split:
         mode += f" ({cp.split_mode} split, main device {cp.main_device})"
     if cp.stream is not None:

@@ -20,7 +20,7 @@ from typing import List, Tuple
 
 from ...placement.errors import PlacementError
 from .engine_patcher import strip_engine
-from .targets import Target
+from .patcher_devices import PatcherDevices
 
 
 def plain_clone(patcher, what: str, why: str):
@@ -35,26 +35,26 @@ def plain_clone(patcher, what: str, why: str):
             f"--disable-dynamic-vram") from None
 
 
-def retarget(patcher, target: Target, what: str) -> Tuple[object, List[str]]:
-    """A clone of `patcher` that computes on target.load_device and rests its weights
-    on target.offload_device, plus notes for the plan shown to the user."""
+def retarget(patcher, devices: PatcherDevices, what: str) -> Tuple[object, List[str]]:
+    """A clone of `patcher` that computes on devices.load_device and rests its weights
+    on devices.offload_device, plus notes for the plan shown to the user."""
     notes: List[str] = []
     rebuilt = False
-    if patcher.is_dynamic() and target.load_device.type == "cpu":
+    if patcher.is_dynamic() and devices.load_device.type == "cpu":
         clone = plain_clone(patcher, what, "to compute on the cpu")
         rebuilt = True
         notes.append(f"{what}: DynamicVRAM off for this copy (it computes on the cpu)")
     else:
         clone = patcher.clone()
     strip_engine(clone)              # placing an engine-placed model again: plain patcher
-    moved = clone.load_device != target.load_device
-    clone.load_device = target.load_device
-    clone.offload_device = target.offload_device
+    moved = clone.load_device != devices.load_device
+    clone.load_device = devices.load_device
+    clone.offload_device = devices.offload_device
     if moved and not rebuilt:
         clone.patches_uuid = uuid.uuid4()   # re-place shared weights on load (see above)
     if hasattr(clone, "register_load_device"):
         clone.register_load_device(clone.load_device)   # per-device state of dynamic patchers
-    if clone.is_dynamic() and target.params_resident:
-        notes.append(f"{what}: DynamicVRAM manages its residency on {target.runtime} "
+    if clone.is_dynamic() and devices.params_resident:
+        notes.append(f"{what}: DynamicVRAM manages its residency on {devices.runtime} "
                      f"(weights cached in VRAM as room allows, not pinned there)")
     return clone, notes

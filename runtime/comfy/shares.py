@@ -1,6 +1,6 @@
 """ComfyUI's memory manager sees the device memory the pack's engine holds.
 
-A MODEL placed by the engine (engine.py) gets one stand-in patcher per accelerator of
+A MODEL the engine places (sampling_session.py) gets one stand-in patcher per accelerator of
 its plan, an `EngineShare`, registered with `set_additional_models(SHARES_KEY, ...)`.
 ComfyUI's sampler loads a model's additional models together with it
 (`prepare_sampling` -> `load_models_gpu([model] + models)`), so each share becomes a
@@ -10,7 +10,7 @@ ComfyUI's sampler loads a model's additional models together with it
   nothing on the device (`EngineLoad.model_size` is 0 when shares are registered);
 - while the placement is open `loaded_size()` is what the engine's ledger holds on that
   device (resident weights + ring slots); outside a run it is 0, since the engine gives
-  everything back when sampling ends (engine.py);
+  everything back when sampling ends (sampling_session.py);
 - when ComfyUI needs room there (`free_memory`, `unload_all_models`) it calls the
   share's `partially_unload` / `detach`: the engine releases the placement (every
   device: it cannot give back one device's share alone) and the next model call loads
@@ -21,13 +21,9 @@ without activation headroom (ComfyUI adds its own activation estimate to every d
 frees room on):
 - a plan made by auto-fit: the component plan's held_bytes less the
   component's "headroom_bytes" (the planner's figure, headroom included);
-- otherwise from the plan and the module's block sizes, the way the engine places them:
-  one device: everything, or when streamed the non-block weights + the first K blocks
-  + the stream ring (placement/layout.ring_bytes, what the engine allocates); layer
-  split: the main device's non-block weights + each device's block range (a range over
-  its budget: resident prefix + ring, as runtime/split/layer.py streams it); row split:
-  each device's rows of the eligible Linears (runtime/split/row.py's counts), the rest
-  on the main device.
+- otherwise what the engine will allocate for the plan and the module
+  (runtime/footprint.py: the module's sizes through placement/layout.py, the byte model
+  the planner and the engine use).
 Devices of kind cpu get no share: ComfyUI does not manage the host's memory this way.
 
 The VAE and the text encoders placed by the engine (engine_calls.py) get shares the same
@@ -46,8 +42,7 @@ import torch
 
 import comfy.model_patcher
 
-from ...placement.errors import PlacementError
-from ...placement.layout import group_blocks, ring_bytes
+from ..footprint import footprint
 from .engine_patcher import SHARES_KEY      # additional_models key; one share per device
 
 
@@ -61,113 +56,9 @@ def planned_shares(plan, component: str, inventory, module) -> Tuple[Dict[str, i
         headroom = int(cp.headroom_bytes or 0)
         held = {d: max(0, int(b) - headroom) for d, b in cp.held_bytes.items()}
         return {d: held.get(d, 0) for d in gpus}, "auto-fit held bytes less headroom"
-    caps = [_capacity(plan, inventory, d) for d in cp.runtime]
-    headroom = [0] * len(cp.runtime)          # explicit plans: the engine reserves none
-    if cp.parallel == "batch":       # a whole placement on every device (batch_parallel.py)
-        # every device holds what one device of this plan holds (its whole placement)
-        sizes = [_one_device_bytes(cp, module)] * len(cp.runtime)
-        basis = "batch parallel: " + ("resident blocks + ring slots" if cp.stream
-                                      else "whole model") + " on each device"
-    elif cp.is_split and cp.split_mode == "row":
-        from ...runtime.split.row import RowSplit
-        if RowSplit.applies(module, None):
-            sizes = _row_split_bytes(module, caps, headroom)
-            basis = "row split shards"
-        else:
-            sizes = _layer_split_bytes(cp, module, caps, headroom)
-            basis = "layer split ranges (row split does not apply)"
-    elif cp.is_split:
-        sizes = _layer_split_bytes(cp, module, caps, headroom)
-        basis = "layer split ranges" + (" with streaming" if cp.stream else "")
-    else:
-        sizes = [_one_device_bytes(cp, module)]
-        basis = "streamed: resident blocks + ring slots" if cp.stream else "whole model"
-    out = dict(zip(cp.runtime, sizes))
+    # the engine's own byte model (placement/layout.py) over the module's sizes
+    out, basis = footprint(module, plan, component, inventory)
     return {d: out[d] for d in gpus}, basis
-
-
-def _capacity(plan, inventory, name: str) -> int:
-    """The engine's ledger capacity there: the budget, never more than the free memory."""
-    budget = plan.device(name).budget_bytes
-    free = inventory.get(name).free_bytes
-    return free if budget is None else min(budget, free)
-
-
-def _tensor_bytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def _block_sizes(module) -> Tuple[int, List[int]]:
-    """(non-block bytes, [bytes per block]) with the engine's grouping: a tensor shared
-    between blocks is non-block; blocks without tensors of their own are dropped."""
-    from ...runtime.blocks import block_tensor_ids, find_blocks
-    tensors = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
-    blocks = find_blocks(module, None)
-    members, rest = group_blocks([block_tensor_ids(b) for _, b in blocks], tensors)
-    sizes = [sum(_tensor_bytes(tensors[i]) for i in m) for m in members if m]
-    return sum(_tensor_bytes(tensors[i]) for i in rest), sizes
-
-
-def _slots(sizes: List[int], depth: int) -> int:
-    return ring_bytes(sizes, depth)
-
-
-def _one_device_bytes(cp, module) -> int:
-    nonblock, blocks = _block_sizes(module)
-    if cp.stream is None:
-        return nonblock + sum(blocks)
-    k = min(cp.stream.resident_blocks, len(blocks))
-    return nonblock + sum(blocks[:k]) + _slots(blocks[k:], max(0, cp.stream.prefetch_depth))
-
-
-def _layer_split_bytes(cp, module, caps: List[int], headroom: List[int]) -> List[int]:
-    from ...placement.ranges import proportional_ranges
-    from ...runtime.split.layer import ranges_to_owner, streamed_split
-    nonblock, blocks = _block_sizes(module)
-    owner = ranges_to_owner(cp.blocks, cp.runtime, len(blocks)) if cp.blocks else None
-    if owner is None:                      # as the engine: proportional to the room left
-        weights = [max(0.0, float(c - h - (nonblock if i == 0 else 0)))
-                   for i, (c, h) in enumerate(zip(caps, headroom))]
-        owner = ranges_to_owner(proportional_ranges(blocks, cp.runtime, weights),
-                                cp.runtime, len(blocks))
-    depth = max(0, cp.stream.prefetch_depth) if cp.stream is not None else 0
-    out = []
-    for d in range(len(cp.runtime)):
-        sizes = [b for b, o in zip(blocks, owner or []) if o == d]
-        base = nonblock if d == 0 else 0
-        room = caps[d] - headroom[d] - base
-        held = sum(sizes)
-        if cp.stream is not None and held > room:
-            k = streamed_split(sizes, room, depth)
-            if k is not None:
-                held = sum(sizes[:k]) + _slots(sizes[k:], depth)
-        out.append(base + held)
-    return out
-
-
-def _row_split_bytes(module, caps: List[int], headroom: List[int]) -> List[int]:
-    from ...runtime.split.row import eligible_linears, row_counts
-    linears = eligible_linears(module, None)
-    sharded = set()
-    for _, lin in linears:
-        sharded.add(id(lin.weight))
-        if lin.bias is not None:
-            sharded.add(id(lin.bias))
-    tensors = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
-    main = sum(_tensor_bytes(t) for i, t in tensors.items() if i not in sharded)
-    weights = [max(0.0, float(c - h - (main if i == 0 else 0)))
-               for i, (c, h) in enumerate(zip(caps, headroom))]
-    if not any(weights):
-        raise PlacementError("row split: no room left on any device after the main "
-                             "device's unsharded weights; raise the budgets")
-    out = [main] + [0] * (len(caps) - 1)
-    for _, lin in linears:
-        counts = row_counts(lin.weight.shape[0], weights)
-        row_bytes = lin.weight.shape[1] * lin.weight.element_size() + \
-            (lin.bias.element_size() if lin.bias is not None else 0)
-        for d, c in enumerate(counts):
-            out[d] += c * row_bytes
-    return out
 
 
 # -- what the open placement holds -----------------------------------------------------------
@@ -233,7 +124,7 @@ class EngineShare(comfy.model_patcher.ModelPatcher):
 
     # ComfyUI's load / unload requests
     def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
-        return 0         # the engine allocates at the first model call (engine.py)
+        return 0         # the engine allocates at the first model call (sampling_session)
 
     def load(self, *args, **kwargs):
         return None      # no weights of its own; the engine places them (as partially_load)

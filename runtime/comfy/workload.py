@@ -5,7 +5,7 @@ cond and uncond as one batch) decides the working memory and the cost of every
 placement. Apply Placement plans at node time from what it can know then: the LATENT
 input when connected, else the sampler downstream in the prompt (its steps, cfg and
 the width/height/batch of the node that makes its latent), else the defaults. When
-sampling starts, AutoFitSession (a WrappersMP.OUTER_SAMPLE wrapper on the placed MODEL)
+sampling starts, SamplingReplanner (a WrappersMP.OUTER_SAMPLE wrapper on the placed MODEL)
 reads the real workload from the sampler's arguments; when it differs from the one
 planned for, it plans again and runs that plan: the diffusion model through a placed
 copy swapped into the guider for this run, the VAE output re-placed in place (it
@@ -24,9 +24,9 @@ from ...placement.plan import Plan
 if TYPE_CHECKING:
     from .rehearse_call import Rehearsal
 
-AUTOFIT_KEY = "placement_autofit"      # wrapper and attachment key of the session
+AUTOFIT_KEY = "placement_autofit"      # wrapper and attachment key of the replanner
 FOLLOWS_LATENT = ("diffusion", "vae")  # re-planned at sampling; the rest is pinned
-_CACHE = 4                             # placed copies kept per session (one per plan)
+_CACHE = 4                             # placed copies kept per replanner (one per plan)
 log = logging.getLogger("comfyui-placement")
 
 
@@ -215,8 +215,10 @@ def placement_key(plan: Plan, component: str) -> str:
                                              "blocks", "lora")}, sort_keys=True)
 
 
-class AutoFitSession:
-    """The auto-fit of one Apply Placement, re-planned for each sampling run's workload.
+class SamplingReplanner:
+    """One Apply Placement's plan, made again when a sampling run starts: for the run's
+    real workload and the working memory rehearsed at its first model call (explicit
+    plans too; with auto_fit the placement itself may change).
 
     replan(workload, pins) -> Plan plans again (pins: the node-time plan, whose
     components other than FOLLOWS_LATENT keep their placement); place(plan, {component:
@@ -239,9 +241,17 @@ class AutoFitSession:
         self.rehearsals: Dict[Workload, "Rehearsal"] = {}
         self.unrehearsable: Dict[Workload, str] = {}     # workload -> why not
 
-    # ComfyUI copies attachments into clones with this hook: one session per node output.
+    # ComfyUI copies attachments into clones with this hook: one replanner per node output.
     def on_model_patcher_clone(self):
         return self
+
+    def attach(self, placed_model) -> None:
+        """Wire this replanner to the placed MODEL: an attachment (clones share it) and
+        its OUTER_SAMPLE wrapper, which sees each sampling run's arguments."""
+        import comfy.patcher_extension as ext
+        placed_model.set_attachments(AUTOFIT_KEY, self)
+        placed_model.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, AUTOFIT_KEY,
+                                          self.outer_sample)
 
     def plan_for(self, workload: Workload) -> Plan:
         plan = self.plans.get(workload)
@@ -375,16 +385,17 @@ class _Replan(Exception):
 
 class _Probe:
     """An APPLY_MODEL wrapper, first in the chain: at the run's first model call, before
-    any placement opens, hands the call to the session to rehearse; then steps aside."""
+    any placement opens, hands the call to the replanner to rehearse; then steps aside."""
 
-    def __init__(self, session: "AutoFitSession", workload: Workload, plan: Plan):
-        self.session, self.workload, self.plan = session, workload, plan
+    def __init__(self, replanner: "SamplingReplanner", workload: Workload, plan: Plan):
+        self.replanner, self.workload, self.plan = replanner, workload, plan
         self.done = False
 
     def __call__(self, executor, *args, **kwargs):
         if not self.done:
             self.done = True
-            self.session.rehearsed(self.workload, self.plan, executor.class_obj, args, kwargs)
+            self.replanner.rehearsed(self.workload, self.plan, executor.class_obj, args,
+                                     kwargs)
         return executor(*args, **kwargs)
 
 

@@ -3,7 +3,7 @@ torch.distributed (gloo or NCCL); weights stay in each machine's own file, only
 activations travel. See docs/distributed.md."""
 from .planned import PlannedRemote, place_remote
 from .remote import RemoteRange, remote_range
-from .session import Cluster, RemoteDevice
+from .cluster import Cluster, RemoteDevice
 
 __all__ = ["Cluster", "RemoteDevice", "RemoteRange", "remote_range", "PlannedRemote",
            "place_remote"]

@@ -19,7 +19,7 @@ from ...placement.remote_devices import is_remote
 from ..blocks import find_blocks
 from ..tensors import key_mapper
 from .remote import remote_range
-from .session import Cluster
+from .cluster import Cluster
 
 REMOTE_OPTIONS = ("builder", "remote_file", "chain", "timeout_s")
 

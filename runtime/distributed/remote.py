@@ -19,7 +19,7 @@ from ...placement.errors import PlacementError
 from ..blocks import find_blocks
 from . import builder as builders, rangefile
 from .chain import RangeCalls
-from .session import RemoteDevice
+from .cluster import RemoteDevice
 from .wire import flatten
 
 _MISSING = object()

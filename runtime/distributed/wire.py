@@ -122,7 +122,7 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def describe(tensors: List[torch.Tensor]) -> Tuple[List[dict], int]:
+def pack_layout(tensors: List[torch.Tensor]) -> Tuple[List[dict], int]:
     """Each tensor's dtype, shape and offset in the packed buffer; the buffer's size."""
     metas, offset = [], 0
     for t in tensors:

@@ -169,7 +169,7 @@ class Worker:
 
     @staticmethod
     def _reply(sock, group, skeleton, outs, timeout_s, backend, where) -> None:
-        metas, nbytes = wire.describe(outs)
+        metas, nbytes = wire.pack_layout(outs)
         wire.send_message(sock, {"ok": True, "skeleton": skeleton, "metas": metas,
                                  "nbytes": nbytes})
         wire.send_buffer(group, wire.pack(outs, metas, nbytes,

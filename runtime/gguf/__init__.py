@@ -14,9 +14,9 @@ from .dequant import dequantize, quantized_nbytes
 from .linear import GGUFLinear, quantized_rows
 from .load import load_gguf
 from .reader import GGUFTensor, GGUFTensors, list_tensors
-from .types import SUPPORTED, GGMLType, ggml_type, supported
+from .types import SUPPORTED, GGMLType, dequantizable, ggml_type
 from .write import write_gguf
 
 __all__ = ["dequantize", "quantized_nbytes", "SUPPORTED", "GGMLType", "ggml_type",
-           "supported", "GGUFTensor", "GGUFTensors", "list_tensors", "QuantizedBlock",
+           "dequantizable", "GGUFTensor", "GGUFTensors", "list_tensors", "QuantizedBlock",
            "GGUFLinear", "quantized_rows", "load_gguf", "write_gguf"]

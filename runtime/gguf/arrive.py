@@ -17,7 +17,7 @@ import torch
 
 from ...placement.errors import PlacementError
 from .dequant import dequantize, quantized_nbytes
-from .types import supported
+from .types import dequantizable
 
 ALIGN = 256
 
@@ -38,7 +38,7 @@ class QuantizedBlock:
         self.tensors: List[QuantizedTensor] = []
         at = 0
         for slot_offset, qtype, shape in entries:
-            t = supported(qtype)
+            t = dequantizable(qtype)
             shape = tuple(int(s) for s in shape)
             n = quantized_nbytes(shape, t)
             self.tensors.append(QuantizedTensor(int(slot_offset), n, t.name, shape, at))
@@ -58,7 +58,8 @@ class QuantizedBlock:
         elem = torch.empty((), dtype=self.dtype).element_size()
         out = []
         for t in self.tensors:
-            numel = t.nbytes // supported(t.qtype).type_size * supported(t.qtype).block_size
+            qt = dequantizable(t.qtype)
+            numel = t.nbytes // qt.type_size * qt.block_size
             out.append(scratch[t.scratch_offset:t.scratch_offset + numel * elem]
                        .view(self.dtype).view(t.shape))
         return out

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 
 from ...placement.errors import PlacementError
-from .types import QK_K, supported
+from .types import QK_K, dequantizable
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, "Work"], None]
 
@@ -287,13 +287,13 @@ CPU_CHUNK_ELEMENTS_PER_THREAD = 1 << 18
 
 
 def dequantized_numel(raw_bytes: int, qtype) -> int:
-    t = supported(qtype)
+    t = dequantizable(qtype)
     return raw_bytes // t.type_size * t.block_size
 
 
 def quantized_nbytes(shape: Sequence[int], qtype) -> int:
     """Bytes a tensor of `shape` takes in type `qtype` (the GGUF byte range length)."""
-    t = supported(qtype)
+    t = dequantizable(qtype)
     numel = prod(int(s) for s in shape)
     if numel % t.block_size:
         raise PlacementError(f"{t.name} stores blocks of {t.block_size} elements; shape "
@@ -309,7 +309,7 @@ def dequantize(raw: torch.Tensor, qtype, shape: Sequence[int],
     gguf.GGMLQuantizationType), computed on `raw`'s device, in `dtype` or into `out`.
 
     A type without a dequantizer is refused by name with a PlacementError."""
-    t = supported(qtype)
+    t = dequantizable(qtype)
     shape = tuple(int(s) for s in shape)
     if raw.dtype != torch.uint8:
         raise PlacementError(f"dequantize takes the raw bytes as a uint8 tensor, not {raw.dtype}")

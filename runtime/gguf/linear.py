@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dequant import dequantize, quantized_nbytes
-from .types import supported
+from .types import dequantizable
 
 PLAIN_IDS = (0, 1)          # F32, F16: ComfyUI-GGUF keeps them as ordinary tensors
 
@@ -36,7 +36,7 @@ class GGUFLinear(nn.Linear):
                  device=None, bias_dtype=torch.float32):
         nn.Module.__init__(self)
         self.in_features, self.out_features = in_features, out_features
-        self.qtype = supported(qtype).name
+        self.qtype = dequantizable(qtype).name
         row = quantized_nbytes((in_features,), self.qtype)
         self.weight = self.tagged(torch.empty((out_features, row), dtype=torch.uint8,
                                               device=device))

@@ -84,7 +84,7 @@ def ggml_type(qtype: Union[str, int, GGMLType]) -> GGMLType:
                          f"{type(qtype).__name__}")
 
 
-def supported(qtype: Union[str, int, GGMLType]) -> GGMLType:
+def dequantizable(qtype: Union[str, int, GGMLType]) -> GGMLType:
     """The type, or a one-line PlacementError naming it when it cannot be dequantized."""
     t = ggml_type(qtype)
     if t.name not in SUPPORTED:

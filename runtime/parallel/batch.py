@@ -43,7 +43,7 @@ from ...placement.plan import Plan
 from ..hoststore import HostStore
 from ..one_device import Placed
 from ..shadow import Shadow
-from .shares import autocast_now, batch_size, cut_all, gather, share_counts
+from .batch_cut import autocast_now, batch_size, cut_all, gather, share_counts
 
 
 def device_plan(plan: Plan, component: str, device: str) -> Plan:

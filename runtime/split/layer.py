@@ -13,33 +13,16 @@ is one pre-hook bound to precomputed values (device index, ledger, whether it en
 range): bring the arguments, note the activations.
 """
 import warnings
-from typing import Dict, List
+from typing import List
 
 from ...placement.errors import PlacementError
-from ...placement.layout import resident_prefix, ring_bytes
+from ...placement.layout import owner_of, prefix_and_ring, range_prefix, ring_bytes
 from ...placement.ranges import proportional_ranges
 from ...placement.units import format_bytes
 from ..stages import StagedEngine
 
-
-def ranges_to_owner(ranges: Dict[str, List[int]], names: List[str], n: int):
-    """{device: [first, last]} -> device index per block, or None when the ranges do not
-    cover 0..n-1 exactly once with devices of the runtime list."""
-    owner = [-1] * n
-    for dev, (first, last) in ranges.items():
-        if dev not in names or not 0 <= first <= last < n:
-            return None
-        for i in range(first, last + 1):
-            if owner[i] != -1:
-                return None
-            owner[i] = names.index(dev)
-    return None if -1 in owner else owner
-
-
-def streamed_split(sizes: List[int], room: int, depth: int):
-    """Largest resident prefix k of a range so that prefix + the ring fit `room`.
-    Returns k, or None when not even an all-streamed range fits."""
-    return resident_prefix(sizes, room, depth)
+# {device: [first, last]} -> device index per block (None: not an exact cover)
+ranges_to_owner = owner_of
 
 
 class LayerSplit(StagedEngine):
@@ -66,20 +49,18 @@ class LayerSplit(StagedEngine):
         k = self._planned_prefix(planned, sizes, room, depth, stream)
         if k is not None:
             return k
-        if sum(sizes) <= room:
-            return len(sizes)
+        k = range_prefix(sizes, room, depth, stream is not None)
+        if k is not None:
+            return k
         first, last = self.owner.index(d), len(self.owner) - 1 - self.owner[::-1].index(d)
         where = (f"{t.name}'s blocks {first}-{last} need {format_bytes(sum(sizes))} but its "
                  f"budget leaves {format_bytes(max(0, room))}")
         if stream is None:
             raise PlacementError(f"{self.component}: {where}; turn on stream_layers or give "
                                  f"{t.name} fewer blocks")
-        k = streamed_split(sizes, room, depth)
-        if k is None:
-            raise PlacementError(f"{self.component}: {where}, too little even to stream them "
-                                 f"(a ring of {format_bytes(ring_bytes(sizes, depth))}); "
-                                 f"raise its budget")
-        return k
+        raise PlacementError(f"{self.component}: {where}, too little even to stream them "
+                             f"(a ring of {format_bytes(ring_bytes(sizes, depth))}); "
+                             f"raise its budget")
 
     def _planned_prefix(self, planned, sizes, room, depth, stream):
         """auto-fit's resident prefix for this device's range ([resident, of blocks]),
@@ -92,7 +73,7 @@ class LayerSplit(StagedEngine):
                           f"match a range of {len(sizes)} blocks; sized from the budget",
                           RuntimeWarning, stacklevel=5)
             return None
-        if sum(sizes[:k]) + ring_bytes(sizes[k:], depth) > room:
+        if prefix_and_ring(sizes, k, depth) > room:
             warnings.warn(f"{self.component}: the plan keeps {k} of {of} blocks resident, "
                           f"which does not fit the budget here; sized from the budget",
                           RuntimeWarning, stacklevel=5)

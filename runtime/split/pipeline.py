@@ -5,7 +5,7 @@ while stage 1 computes share 2.
 The component plan has parallel "pipeline", split_mode layer and two or more runtime
 devices. The engine is a LayerSplit (same ranges, residency, streaming, hops, stats)
 whose module forward is overridden while placed: a batch of 2 or more is cut
-(parallel/shares.py) into `shares` contiguous shares (default: one per item), each run
+(parallel/batch_cut.py) into `shares` contiguous shares (default: one per item), each run
 by the module's own forward on its own thread. A turnstile per stage lets share s
 enter stage k only after share s-1 left it, so every stage computes the shares in
 order (a streamed stage's ring serves them as consecutive forwards) and different
@@ -24,7 +24,7 @@ from typing import Callable, List, Optional
 import torch
 
 from ...placement.errors import PlacementError
-from ..parallel.shares import autocast_now, batch_size, cut_all, gather, share_counts
+from ..parallel.batch_cut import autocast_now, batch_size, cut_all, gather, share_counts
 from .layer import LayerSplit
 
 

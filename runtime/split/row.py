@@ -14,20 +14,21 @@ exactly its rows of the patch, and changing a strength never touches the weights
 The Linear's `forward` is overridden on the instance for the placement only.
 """
 import warnings
-from typing import List, Sequence, Tuple
+from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...placement.errors import PlacementError
+from ...placement.layout import ROW_MIN, row_counts, row_shardable
 from ..blocks import find_blocks
 from ..gguf.linear import GGUFLinear, quantized_rows
 from ..residency import Group
 from ..tensors import make_group, seen_bytes, to_device
 from ..engine import Engine
 
-MIN_ROWS = MIN_COLS = 256
+MIN_ROWS = MIN_COLS = ROW_MIN         # placement/layout.py: the planner's rule too
 _MISSING = object()
 
 
@@ -40,20 +41,21 @@ def eligible_linears(module: nn.Module, block_names=None) -> List[Tuple[str, nn.
             # a GGUFLinear's weight is (rows, quantized row bytes): its size is the Linear's
             rows, cols = (m.out_features, m.in_features) if isinstance(m, GGUFLinear) \
                 else m.weight.shape
-            if rows >= MIN_ROWS and cols >= MIN_COLS:
+            if row_shardable(rows, cols):
                 out.append((f"{bname}.{name}", m))
     return out
 
 
-def row_counts(rows: int, weights: Sequence[float]) -> List[int]:
-    """Rows per device in proportion to weights (largest remainder); weight 0 gets 0."""
-    total = sum(weights)
-    exact = [rows * w / total for w in weights]
-    counts = [int(e) for e in exact]
-    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in order[:rows - sum(counts)]:
-        counts[i] += 1
-    return counts
+def row_shards(linears) -> List[Tuple[int, int, int]]:
+    """(rows, bytes per row, 1) per sharded Linear, a row being its weight's row and its
+    bias element: what placement/layout.row_split_bytes counts (`row_counts` cuts each
+    Linear's rows, here and there)."""
+    out = []
+    for _, lin in linears:
+        w, b = lin.weight, lin.bias
+        nbytes = w.numel() * w.element_size() + (0 if b is None else b.numel() * b.element_size())
+        out.append((w.shape[0], nbytes // w.shape[0], 1))
+    return out
 
 
 class _Shard:

@@ -544,19 +544,19 @@ def devices_prompt():
 
 def adapter_facts(model, vae):
     comps = pack_module("runtime.comfy.components")
-    targets = pack_module("runtime.comfy.targets")
+    patcher_devices = pack_module("runtime.comfy.patcher_devices")
     placement = pack_module("placement")
     facts = {}
     model_before, vae_before = model_state(model), vae_state(vae)
     cuda1, cpu = torch.device("cuda", 1), torch.device("cpu")
-    rest_cpu = targets.Target("diffusion", "cuda1", "cpu", cuda1, cpu)
-    resident = targets.Target("diffusion", "cuda1", "cuda1", cuda1, cuda1)
+    rest_cpu = patcher_devices.PatcherDevices("diffusion", "cuda1", "cpu", cuda1, cpu)
+    resident = patcher_devices.PatcherDevices("diffusion", "cuda1", "cuda1", cuda1, cuda1)
     placed, notes = comps.place_model(model, rest_cpu)
     facts["model_rest_cpu"] = {"state": patcher_state(placed), "notes": notes,
                                "is_new": placed is not model}
     placed, notes = comps.place_model(model, resident)
     facts["model_resident"] = {"state": patcher_state(placed), "notes": notes}
-    vtarget = targets.Target("vae", "cuda1", "cpu", cuda1, cpu)
+    vtarget = patcher_devices.PatcherDevices("vae", "cuda1", "cpu", cuda1, cpu)
     placed_vae, notes = comps.place_vae(vae, vtarget)
     facts["vae"] = {"state": vae_state(placed_vae), "is_new": placed_vae is not vae,
                     "patcher_is_new": placed_vae.patcher is not vae.patcher}
@@ -569,10 +569,10 @@ def adapter_facts(model, vae):
                         ("stream", placement.PlacementSpec(backend="cuda0", stream_layers=True)),
                         ("simulated", placement.PlacementSpec(backend="cuda1"))):
         plan = placement.plan(spec, inv)
-        engine[label] = targets.needs_engine(plan.components["diffusion"], inv)
+        engine[label] = patcher_devices.needs_engine(plan.components["diffusion"], inv)
         for comp in ("te", "vae"):
             try:
-                targets.check_executable(plan.components[comp], inv)
+                patcher_devices.check_executable(plan.components[comp], inv)
                 refusals[f"{comp}_{label}"] = None
             except ValueError as exc:
                 refusals[f"{comp}_{label}"] = f"{type(exc).__name__}: {exc}"
@@ -626,9 +626,9 @@ def adapter_type_facts():
     import comfy.model_patcher
     comps = pack_module("runtime.comfy.components")
     patchers = pack_module("runtime.comfy.patchers")
-    targets = pack_module("runtime.comfy.targets")
+    patcher_devices = pack_module("runtime.comfy.patcher_devices")
     cpu, cuda1 = torch.device("cpu"), torch.device("cuda", 1)
-    T = targets.Target
+    T = patcher_devices.PatcherDevices
     facts = {}
 
     def err(fn, *a):
@@ -718,7 +718,7 @@ def adapter_type_facts():
                             "original_load": str(dyn.load_device),
                             "original_uuid": dyn.patches_uuid}
     # the engine's clone: always a plain patcher (DynamicVRAM rebuilt), engine load policy
-    engine = pack_module("runtime.comfy.engine")
+    engine = pack_module("runtime.comfy.sampling_session")
     out, notes = engine.engine_clone(dyn, cuda1, cpu, "diffusion")
     facts["engine_dynamic"] = {"dynamic": out.is_dynamic(), "new_weights": out.model is not dyn.model,
                                "engine": getattr(out, "placement_engine", False),

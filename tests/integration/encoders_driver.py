@@ -317,7 +317,7 @@ def vae_time_tiles(name, latent_frames=4):
     import folder_paths
     import nodes
     placement = pack_module("placement")
-    place_objects = pack_module("runtime.comfy.place").place_objects
+    place_objects = pack_module("runtime.comfy.apply_plan").place_objects
     spec = encoders.VAES[name]
     vae = nodes.VAELoader().load_vae(spec["file"])[0]
     channels, _, height, width = spec["latent"]

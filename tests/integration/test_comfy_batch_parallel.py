@@ -43,7 +43,7 @@ def test_cfg_batch_split_over_two_devices_equals_one_device(results, tag, ref, i
     assert r["image"]["finite"] and r["image"]["std"] > 0.01
     assert r["image"]["max_abs_diff"] < ROUNDING, r["image"]
     s = r["session"]
-    assert s["session"] == "BatchParallelSession" and not s["open"]
+    assert s["session"] == "BatchParallelSamplingSession" and not s["open"]
     run = s["runs"][-1]
     steps = run["forwards"]
     assert steps == 2
@@ -144,5 +144,5 @@ def test_autofit_picks_batch_parallel_inside_comfyui(results):
     assert r["plan_json"]["workload"]["cond_batch"] == 2
     assert r["image"]["max_abs_diff"] < ROUNDING, r["image"]
     run = r["session"]["runs"][-1]
-    assert r["session"]["session"] == "BatchParallelSession"
+    assert r["session"]["session"] == "BatchParallelSamplingSession"
     assert run["items"] == {"cuda0": 2, "cuda1": 2}              # 2 steps, 1 item each

@@ -44,7 +44,7 @@ async def main():
     cd.build_models(cd.ARGS.work)
     await cd.start_comfy(cd.ARGS.pack, cd.ARGS.work)
     placement = cd.pack_module("placement")
-    place_objects = cd.pack_module("runtime.comfy.place").place_objects
+    place_objects = cd.pack_module("runtime.comfy.apply_plan").place_objects
     vae = nodes.VAELoader().load_vae("tiny_taesd.safetensors")[0]
     path = folder_paths.get_full_path("vae", "tiny_taesd.safetensors")
     inv = placement.Inventory.simulated(SIMULATE)

@@ -120,15 +120,11 @@ def test_plan_returns_then_place_runs(models, arch, backend, param, split, strea
         # an explicit plan's weights are checked by plan() with the runtime's arithmetic
         # (a refusal above); what it cannot know is the working memory of the forward,
         # which it warns about: running out of that, and only that, is the told outcome
+        # (host RAM the runtime computes in, row shards: refused by plan() as well)
         told = [w for w in p.warnings if "working memory" in w]
-        working = isinstance(exc, torch.OutOfMemoryError) and "computed there" in str(exc)
-        # host RAM smaller than the weights resting there: warned, not refused (a real
-        # machine's free RAM moves; the runtime finds out)
-        host = str(exc).startswith("cpu:") and any(w.startswith("cpu: plan needs")
-                                                    for w in p.warnings)
-        # a row split's shard bytes are not modelled by the planner yet (issue 21 item 3)
-        row = cp.split_mode == "row" and cp.is_split
-        assert not auto and (told and working or host or row), (
+        working = isinstance(exc, torch.OutOfMemoryError) and (
+            "computed there" in str(exc) or "forward inputs" in str(exc))
+        assert not auto and told and working, (
             f"plan for {cp.runtime} params={cp.params} split={cp.split_mode} "
             f"stream={cp.stream} did not run: {type(exc).__name__}: {exc}")
         return
@@ -139,36 +135,75 @@ def test_plan_returns_then_place_runs(models, arch, backend, param, split, strea
     assert not auto or not redone, redone
 
 
-def _edges(module):
-    """(non-block bytes, largest block bytes) as the runtime finds the blocks."""
-    from comfyui_placement.runtime.blocks import find_blocks
-    sizes = [sum(p.numel() * p.element_size() for p in b.parameters())
-             for _, b in find_blocks(module)]
-    total = sum(p.numel() * p.element_size() for p in module.parameters())
-    return total - sum(sizes), max(sizes)
+def _flux256():
+    """Hidden size 256: its block Linears are large enough for the row split."""
+    from diffusers import FluxTransformer2DModel
+    m = FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=2,
+                               attention_head_dim=128, num_attention_heads=2,
+                               joint_attention_dim=32, pooled_projection_dim=16,
+                               axes_dims_rope=(32, 48, 48))
+    return m, _flux()[1]
 
 
-@settings(max_examples=80, deadline=None,
+@pytest.fixture(scope="module")
+def edge_models(models, tmp_path_factory):
+    """models, and flux256 (row split shards its Linears; flux and sd3 have none)."""
+    out = dict(models)
+    torch.manual_seed(0)
+    m, inp = _flux256()
+    m.eval()
+    with torch.no_grad():
+        ref = m(**inp)[0]
+    path = tmp_path_factory.mktemp("weights256") / "flux256.safetensors"
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(path))
+    out["flux256"] = (m, inp, ref, str(path),
+                      sum(p.numel() * p.element_size() for p in m.parameters()))
+    return out
+
+
+def _edges(module, split):
+    """(bytes the main device holds besides its blocks or shards, the largest block or,
+    for a row split, the sharded bytes) as the runtime finds them."""
+    from comfyui_placement.runtime.footprint import module_sizes
+    nb, sizes = module_sizes(module)
+    if split == "row":
+        from comfyui_placement.runtime.split.row import eligible_linears, row_shards
+        sharded = sum(r * b * n for r, b, n in row_shards(eligible_linears(module)))
+        if sharded:
+            return nb + sum(sizes) - sharded, sharded // 4
+    return nb, max(sizes)
+
+
+@settings(max_examples=120, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(arch=st.sampled_from(["flux", "sd3"]),
-       backend=st.sampled_from(["cuda0", "cuda0&cuda1"]), param=st.sampled_from(
+@example(arch="flux256", backend="cuda0&cuda1", param=None, split="row", stream=False, j0=0,
+         j1=3, m0=0.9, m1=1.0, host=0.8)           # cuda0: the unsharded weights, no shard
+@example(arch="flux256", backend="cuda0&cuda1", param=None, split="row", stream=False, j0=2,
+         j1=1, m0=1.0, m1=1.2, host=0.9)           # the shards outgrow both budgets
+@example(arch="sd3", backend="cpu", param="cpu", split=None, stream=False, j0=0, j1=0,
+         m0=1.0, m1=1.0, host=0.9)                 # host RAM short of the weights
+@given(arch=st.sampled_from(["flux", "sd3", "flux256"]),
+       backend=st.sampled_from(["cuda0", "cuda0&cuda1", "cpu"]), param=st.sampled_from(
            [None, "cpu", "disk"]), split=st.sampled_from([None, "row"]), stream=st.booleans(),
        j0=st.integers(0, 4), j1=st.integers(0, 4), m0=st.sampled_from([0.8, 0.9, 1.0, 1.1, 1.2]),
-       m1=st.sampled_from([0.8, 1.0, 1.2]))
-def test_explicit_plans_at_edge_budgets(models, arch, backend, param, split, stream, j0, j1,
-                                        m0, m1):
+       m1=st.sampled_from([0.8, 1.0, 1.2]), host=st.sampled_from([None, 0.8, 0.9, 1.0, 1.1,
+                                                                   1.2]))
+def test_explicit_plans_at_edge_budgets(edge_models, arch, backend, param, split, stream, j0,
+                                        j1, m0, m1, host):
     """Issue 21 item 4: budgets within about 20% of the non-block weights plus a few of
-    the largest blocks, where the runtime's arithmetic decides: plan() refuses what
-    place() would (in one line), and whatever it accepts runs, except for running out of
-    the working memory it warned about."""
-    module, inp, ref, path, size = models[arch]
-    nb, blk = _edges(module)
+    the largest blocks (a row split: of its unsharded weights plus quarters of its
+    shards), and host RAM within 20% of the weights, where the runtime's arithmetic
+    decides: plan() refuses what place() would (in one line), and whatever it accepts
+    runs, except for running out of the working memory it warned about."""
+    module, inp, ref, path, size = edge_models[arch]
+    nb, blk = _edges(module, split)
     # a little room on top (these tiny forwards compute 50-300 KiB): most draws leave
     # too little for the weights or for the working memory, where the runtime decides
     room = 32 * KiB
     b0 = int(nb + j0 * blk * m0) + room
     b1 = int(j1 * blk * m1) + room
-    inv = Inventory.simulated(f"cuda0={b0 // KiB + 1}KiB,cuda1={b1 // KiB + 1}KiB,cpu=64GiB")
+    cpu = "64GiB" if host is None else f"{int(size * host) // KiB + 1}KiB"
+    inv = Inventory.simulated(f"cuda0={b0 // KiB + 1}KiB,cuda1={b1 // KiB + 1}KiB,cpu={cpu}")
     try:
         p = plan(_spec(backend, param, split, stream, False, "auto"), inv,
                  {"diffusion": module}, resolution=(64, 64))
@@ -181,13 +216,15 @@ def test_explicit_plans_at_edge_budgets(models, arch, backend, param, split, str
             with torch.no_grad():
                 out = module(**inp)[0]
     except Exception as exc:        # noqa: BLE001
+        # the forward's working memory (its inputs included) is what plan() cannot know
+        # exactly: it warns, and running out of it is the told outcome
         told = [w for w in p.warnings if "working memory" in w]
-        working = isinstance(exc, torch.OutOfMemoryError) and "computed there" in str(exc)
-        row = cp.split_mode == "row" and cp.is_split
-        assert told and working or row, (
+        working = isinstance(exc, torch.OutOfMemoryError) and (
+            "computed there" in str(exc) or "forward inputs" in str(exc))
+        assert told and working, (
             f"plan() accepted {cp.runtime} params={cp.params} split={cp.split_mode} "
-            f"stream={cp.stream} at cuda0={b0}, cuda1={b1} (non-block {nb}, block {blk}) "
-            f"and place() refused: {type(exc).__name__}: {exc}")
+            f"stream={cp.stream} at cuda0={b0}, cuda1={b1}, cpu={cpu} (non-block {nb}, "
+            f"block {blk}) and place() refused: {type(exc).__name__}: {exc}")
         return
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 

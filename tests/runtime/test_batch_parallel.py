@@ -10,7 +10,7 @@ import torch
 from comfyui_placement.placement.errors import PlacementError
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
 from comfyui_placement.runtime.parallel import BatchPlaced, place_batch, share_counts
-from comfyui_placement.runtime.parallel.shares import cut, gather
+from comfyui_placement.runtime.parallel.batch_cut import cut_batch, gather
 
 
 DEVICES = ("cuda0", "cuda1")
@@ -79,10 +79,10 @@ def test_cut_and_gather_keep_order_and_structure():
     x = torch.arange(12.).view(4, 3)
     ids = torch.zeros(3, 2)                            # not batch-shaped: passed whole
     args = (x, {"y": x * 2, "ids": ids, "opts": {"n": 1}}, [x, 5])
-    a = cut(args, 4, 1, 3)
+    a = cut_batch(args, 4, 1, 3)
     assert torch.equal(a[0], x[1:3]) and torch.equal(a[1]["y"], x[1:3] * 2)
     assert a[1]["ids"] is ids and a[1]["opts"] == {"n": 1} and a[2][1] == 5
-    assert cut(ids, 4, 0, 2) is ids
+    assert cut_batch(ids, 4, 0, 2) is ids
     parts = [(x[:1], {"s": x[:1]}), (x[1:], {"s": x[1:]})]
     out = gather(parts, None)
     assert torch.equal(out[0], x) and torch.equal(out[1]["s"], x)
@@ -94,7 +94,7 @@ def test_outputs_equal_single_device_and_restore_exactly(arch, mode, tiny, sim_i
     model, inp = tiny(arch)
     inp = batched(inp, 4)
     whole = run(model, inp)                           # one device, one forward
-    shares = torch.cat([run(model, cut(inp, 4, 0, 2)), run(model, cut(inp, 4, 2, 4))])
+    shares = torch.cat([run(model, cut_batch(inp, 4, 0, 2)), run(model, cut_batch(inp, 4, 2, 4))])
     snap = snapshot(model)
     params, stream = MODES[mode]
     with place_batch(model, batch_plan(params, stream), "diffusion", sim_inventory) as placed:
@@ -346,7 +346,7 @@ def test_autocast_reaches_the_worker_thread(tiny, sim_inventory):
     model, inp = tiny("sd3")
     inp = batched(inp, 2)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        shares = torch.cat([model(**cut(inp, 2, 0, 1))[0], model(**cut(inp, 2, 1, 2))[0]])
+        shares = torch.cat([model(**cut_batch(inp, 2, 0, 1))[0], model(**cut_batch(inp, 2, 1, 2))[0]])
         with place_batch(model, batch_plan(), "diffusion", sim_inventory):
             out = model(**inp)[0]
     assert out.dtype == shares.dtype == torch.bfloat16

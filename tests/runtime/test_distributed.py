@@ -388,7 +388,7 @@ def test_payload_round_trip_and_refusals():
                 "scalar": torch.tensor(3.5), "empty": torch.empty(0, 7), "opts": None,
                 "scale": 0.5, "name": "x", 7: [1, 2]})
     skeleton, tensors = wire.flatten(payload)
-    metas, nbytes = wire.describe(tensors)
+    metas, nbytes = wire.pack_layout(tensors)
     assert all(m["offset"] % 16 == 0 for m in metas)
     back = wire.unflatten(skeleton, wire.unpack(wire.pack(tensors, metas, nbytes,
                                                           torch.device("cpu")), metas))

@@ -5,6 +5,7 @@ shards are whole matrices): a component too big for it is planned as a streaming
 split (split_stream.py)."""
 from typing import List, Optional, Sequence
 
+from ...layout import row_split_held
 from ...units import format_bytes as fmt
 from ..geometry import Geometry
 from ..option import Option
@@ -13,22 +14,15 @@ from .layer_split import SplitDetail, split_candidates, split_option
 
 
 def row_shares(geo: Geometry, caps: Sequence[int]) -> Optional[List[int]]:
-    """Row split: every block's matrices sliced across the devices in proportion to
-    their caps (the main device also keeps the non-block weights). Returns the block
-    bytes per device or None when the caps cannot hold them."""
-    free = [max(0, c) for c in caps]
-    free[0] -= geo.non_block
-    if free[0] < 0:
+    """Row split: per device the block bytes runtime/split/row.py allocates there
+    (layout.row_split_held: the large matrices sharded in proportion to room, the rest
+    on the main device), the non-block weights left out of the main device's share (the
+    caller adds them). None when a device's share does not fit its cap."""
+    held = row_split_held(geo.info, caps)
+    if held is None or any(h > c for h, c in zip(held, caps)):
         return None
-    blocks = geo.prefix[geo.n]
-    room = sum(free)
-    if room <= 0 or blocks > room:
-        return None
-    shares = [blocks * f // room for f in free]
-    shares[0] += blocks - sum(shares)           # rounding remainder to the main device
-    if shares[0] > free[0]:
-        return None
-    return shares
+    held[0] -= geo.non_block
+    return held
 
 
 class RowSplit(Kind):

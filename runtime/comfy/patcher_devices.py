@@ -3,7 +3,7 @@
 ComfyUI places a model through its patcher's `load_device` (where it computes) and
 `offload_device` (where its weights rest between uses). This module maps one
 ComponentPlan onto that pair. Plans that pair cannot express (disk residency,
-streaming, splits, simulated devices) go to the pack's engine instead (engine.py,
+streaming, splits, simulated devices) go to the pack's engine instead (engine_model.py,
 engine_calls.py); what runs per component is the "comfyui" row of
 placement/capabilities.py, the rest is refused with an error naming what is missing.
 """
@@ -19,7 +19,9 @@ from ...placement.plan import ComponentPlan, Plan
 
 
 @dataclass(frozen=True)
-class Target:
+class PatcherDevices:
+    """Where ComfyUI's patcher computes and rests one component's weights (not the
+    runtime's Target: runtime/target.py is a device the engine opened)."""
     component: str
     runtime: str                  # inventory name, e.g. 'cuda0'
     params: str                   # inventory name, e.g. 'cpu'
@@ -52,6 +54,12 @@ def _torch_device(inventory: Inventory, name: str, component: str, role: str) ->
     return torch.device(device.torch_device)
 
 
+def comfy_cpu_only() -> bool:
+    """ComfyUI was started with --cpu: it computes on no GPU."""
+    import comfy.model_management
+    return comfy.model_management.cpu_mode()
+
+
 def engine_needs(cp: ComponentPlan, inventory: Inventory) -> list:
     """What in this plan ComfyUI's own patcher cannot express."""
     return capabilities.engine_needs(cp, inventory, EXECUTOR)
@@ -68,9 +76,9 @@ def check_executable(cp: ComponentPlan, inventory: Inventory) -> None:
     capabilities.check_component(cp, inventory, EXECUTOR)
 
 
-def target_for(plan: Plan, component: str, inventory: Inventory) -> Target:
+def patcher_devices_for(plan: Plan, component: str, inventory: Inventory) -> PatcherDevices:
     cp = plan.components[component]
     check_executable(cp, inventory)
     load = _torch_device(inventory, cp.main_device, component, "runtime device")
     offload = _torch_device(inventory, cp.params, component, "params device")
-    return Target(component, cp.main_device, cp.params, load, offload)
+    return PatcherDevices(component, cp.main_device, cp.params, load, offload)

@@ -4,7 +4,7 @@
 given objects are untouched) and the notes to show next to the plan. Nothing is
 placed unless everything can be: errors are raised before any copy is returned.
 A plan ComfyUI's patcher cannot express (streaming, disk, split, simulated devices) is
-run by the pack's engine (engine.py for the diffusion model, engine_calls.py for the
+run by the pack's engine (engine_model.py for the diffusion model, engine_calls.py for the
 VAE and text encoders); the rest goes through ComfyUI's own patchers.
 """
 from typing import Dict, List, Tuple
@@ -12,7 +12,7 @@ from typing import Dict, List, Tuple
 from ...placement.errors import PlacementError
 from .components import (place_clip, place_clip_vision, place_controlnet, place_model,
                          place_photomaker, place_upscale_model, place_vae)
-from .targets import check_executable, needs_engine, target_for
+from .patcher_devices import check_executable, needs_engine, patcher_devices_for
 
 # component -> (ComfyUI io type it arrives as, placing function)
 PLACERS = {
@@ -62,14 +62,14 @@ def place_objects(plan, inventory,
             placed[component] = out
             notes.extend(more + _tiles(component, cp, out))
             continue
-        target = target_for(plan, component, inventory)
+        devices = patcher_devices_for(plan, component, inventory)
         place = PLACERS[component][1]
         if component == "controlnet":
-            out, more = place(obj, target, plan.components["diffusion"].main_device)
+            out, more = place(obj, devices, plan.components["diffusion"].main_device)
         else:
-            out, more = place(obj, target)
+            out, more = place(obj, devices)
         placed[component] = out
-        notes.append(target.describe())
+        notes.append(devices.describe())
         notes.extend(more + _tiles(component, cp, out))
     return placed, notes
 

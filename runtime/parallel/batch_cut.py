@@ -37,7 +37,7 @@ def batch_size(args, kwargs) -> Optional[int]:
     return None
 
 
-def cut(x, batch: int, start: int, stop: int):
+def cut_batch(x, batch: int, start: int, stop: int):
     """`x` with every tensor whose leading size is `batch` cut to items start:stop
     (also inside plain tuples, lists and dicts; containers copied only when something
     in them was cut). Anything else (timestep scalars, position ids, options) is passed
@@ -45,10 +45,10 @@ def cut(x, batch: int, start: int, stop: int):
     if isinstance(x, torch.Tensor):
         return x[start:stop] if x.dim() > 0 and x.shape[0] == batch else x
     if type(x) in (tuple, list):
-        parts = [cut(v, batch, start, stop) for v in x]
+        parts = [cut_batch(v, batch, start, stop) for v in x]
         return x if all(a is b for a, b in zip(parts, x)) else type(x)(parts)
     if type(x) is dict:
-        parts = {k: cut(v, batch, start, stop) for k, v in x.items()}
+        parts = {k: cut_batch(v, batch, start, stop) for k, v in x.items()}
         return x if all(parts[k] is v for k, v in x.items()) else parts
     return x
 
@@ -90,5 +90,5 @@ def autocast_now():
 
 
 def cut_all(args, kwargs, batch: int, start: int, stop: int):
-    """The default cut: every tensor whose leading size is the batch (`cut` above)."""
-    return cut(args, batch, start, stop), cut(kwargs, batch, start, stop)
+    """The default cut: every tensor whose leading size is the batch (`cut_batch` above)."""
+    return cut_batch(args, batch, start, stop), cut_batch(kwargs, batch, start, stop)

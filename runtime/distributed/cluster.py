@@ -1,6 +1,6 @@
-"""The main process's side of a distributed session: it connects to each worker, proves
-the shared secret, hosts the group's store as rank 0, and calls block ranges on workers.
-A worker that is lost or too slow gives one PlacementError, never a hang."""
+"""The main process's side of a distributed run (the Cluster): it connects to each
+worker, proves the shared secret, hosts the group's store as rank 0, and calls block
+ranges on workers. A worker that is lost or too slow gives one PlacementError, never a hang."""
 import secrets
 import socket
 from typing import Dict, List, Optional, Union
@@ -63,7 +63,7 @@ class WorkerLink:
         """Send a payload, run it there, get (outputs, bytes sent, bytes received)."""
         self.check()
         skeleton, tensors = wire.flatten(payload)
-        metas, nbytes = wire.describe(tensors)
+        metas, nbytes = wire.pack_layout(tensors)
         comm = groups.comm_device(self.backend, out_device)
         buf = wire.pack(tensors, metas, nbytes, comm)
         try:

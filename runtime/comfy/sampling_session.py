@@ -103,7 +103,7 @@ def file_key_map(path: str, module) -> Callable[[str], str]:
                          f"safetensors file with a core loader")
 
 
-class EngineSession:
+class SamplingSession:
     """The plan for one MODEL and, during a sampling run, its live placement."""
 
     def __init__(self, plan, component: str, inventory, weights_file: Optional[str]):

@@ -1,0 +1,124 @@
+"""What a placement will hold on each device, known before it is placed: the module's
+tensors grouped as the engine groups them (stages.py, split/row.py), through the byte
+model of placement/layout.py that the planner and the engine use. Resident weights and
+ring bytes, no working memory: the ledger's "resident" + "slots" once loaded. The
+ComfyUI adapter sizes its shares from it (runtime/comfy/shares.py).
+"""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from torch import nn
+
+from ..placement.errors import PlacementError
+from ..placement.layout import (batch_parallel_bytes, group_blocks, layer_split_bytes,
+                                one_device_bytes, owner_of, row_split_bytes, split_rooms)
+from ..placement.ranges import proportional_ranges
+from .blocks import block_tensor_ids, find_blocks
+from .tensors import module_tensors
+
+
+def module_sizes(module: nn.Module, block_names=None) -> Tuple[int, List[int]]:
+    """(non-block bytes, [bytes per block]) with the engine's grouping: a tensor shared
+    by two blocks is non-block; blocks with no tensors of their own are dropped."""
+    by_id = module_tensors(module)
+    nbytes = {i: t.numel() * t.element_size() for i, (t, _) in by_id.items()}
+    blocks = find_blocks(module, block_names)
+    members, rest = group_blocks([block_tensor_ids(b) for _, b in blocks], by_id)
+    return sum(nbytes[i] for i in rest), [sum(nbytes[i] for i in m) for m in members if m]
+
+
+def capacity(plan, inventory, name: str) -> int:
+    """The engine's ledger capacity on `name` (runtime/target.open_target): the budget,
+    capped by the free memory except on the host, whose budget stands as given."""
+    budget = plan.device(name).budget_bytes
+    dev = inventory.get(name)
+    if budget is None:
+        return dev.free_bytes
+    return budget if dev.torch_device == "cpu" and not dev.simulated else \
+        min(budget, dev.free_bytes)
+
+
+def rooms(plan, component: str, inventory, headroom: Optional[int] = None) -> List[int]:
+    """Each runtime device's room for weights: capacity less the working memory the
+    engine reserves (`headroom`, else the plan's; explicit plans reserve none)."""
+    cp = plan.components[component]
+    h = int(cp.headroom_bytes or 0) if headroom is None else int(headroom)
+    return [capacity(plan, inventory, d) - h for d in cp.runtime]
+
+
+def _stream(cp, device: str, n: int) -> Optional[Tuple[int, int]]:
+    """(resident prefix, depth) one device streams with (runtime/one_device.py)."""
+    s = cp.stream
+    if s is None:
+        return None
+    planned = s.per_device.get(device)
+    k = int(planned[0]) if planned and int(planned[1]) == n else s.resident_blocks
+    return min(k, n), max(0, s.prefetch_depth)
+
+
+def _prefixes(cp, owner: Sequence[int]) -> Optional[List[Optional[int]]]:
+    """The plan's own resident prefix per device of a streaming layer split, where it
+    matches the device's range (split/layer.py's _planned_prefix)."""
+    if cp.stream is None or not cp.stream.per_device:
+        return None
+    out = []
+    for d, name in enumerate(cp.runtime):
+        planned, n = cp.stream.per_device.get(name), sum(1 for o in owner if o == d)
+        ok = planned and n and int(planned[1]) == n and 0 <= int(planned[0]) <= n
+        out.append(int(planned[0]) if ok else None)
+    return out
+
+
+def row_split_footprint(module: nn.Module, room: Sequence[int], block_names=None) -> List[int]:
+    """Row split (split/row.py): the sharded Linears' rows per device, the rest on the
+    main device."""
+    from .split.row import eligible_linears, row_shards
+    linears = eligible_linears(module, block_names)
+    total = sum(t.numel() * t.element_size() for t, _ in module_tensors(module).values())
+    shards = row_shards(linears)
+    main = total - sum(rows * nb * n for rows, nb, n in shards)
+    out = row_split_bytes(shards, main, room)
+    if out is None:
+        raise PlacementError("row split: no room left on any device after the main "
+                             "device's unsharded weights; raise the budgets")
+    return out
+
+
+def layer_split_footprint(cp, non_block: int, sizes: List[int], room: Sequence[int]
+                          ) -> List[int]:
+    """Layer split (split/layer.py): the plan's ranges, or ranges in proportion to the
+    rooms when it has none that fit the module, each streamed where it must be."""
+    owner = owner_of(cp.blocks, cp.runtime, len(sizes)) if cp.blocks else None
+    if owner is None:
+        ranges = proportional_ranges(sizes, cp.runtime, split_rooms(room, non_block))
+        owner = owner_of(ranges, cp.runtime, len(sizes)) or [0] * len(sizes)
+    depth = max(0, cp.stream.prefetch_depth) if cp.stream is not None else 0
+    return layer_split_bytes(non_block, sizes, owner, room, depth, cp.stream is not None,
+                             _prefixes(cp, owner))
+
+
+def footprint(module: nn.Module, plan, component: str, inventory, block_names=None,
+              headroom: Optional[int] = None) -> Tuple[Dict[str, int], str]:
+    """({runtime device: bytes the engine will allocate for weights and rings}, the
+    basis in words) for the component's plan."""
+    cp = plan.components[component]
+    room = rooms(plan, component, inventory, headroom)
+    if cp.is_split and cp.split_mode == "row" and cp.parallel != "batch":
+        from .split.row import RowSplit
+        if RowSplit.applies(module, block_names):
+            sizes = row_split_footprint(module, room, block_names)
+            return dict(zip(cp.runtime, sizes)), "row split shards"
+    non_block, blocks = module_sizes(module, block_names)
+    if cp.parallel == "batch":
+        sizes = batch_parallel_bytes(non_block, blocks,
+                                     [_stream(cp, d, len(blocks)) for d in cp.runtime])
+        basis = "batch parallel: " + ("resident blocks + ring" if cp.stream
+                                      else "whole model") + " on each device"
+    elif cp.is_split:
+        sizes = layer_split_footprint(cp, non_block, blocks, room)
+        basis = "layer split ranges" + (" with streaming" if cp.stream else "")
+        if cp.split_mode == "row":
+            basis += " (row split does not apply)"
+    else:
+        sizes = [one_device_bytes(non_block, blocks, _stream(cp, cp.main_device, len(blocks)))]
+        basis = "streamed: resident blocks + ring" if cp.stream else "whole model"
+    return dict(zip(cp.runtime, sizes)), basis
