@@ -6,7 +6,7 @@ from ..components import PHASES
 from ..errors import PlacementError
 from ..units import format_bytes as fmt
 from .kinds import BY_NAME
-from .kinds.base import ACTION
+from .kinds.base import ACTION, gpu_change
 from .option import PHASE_ORDER
 from .search import Search
 
@@ -127,28 +127,6 @@ def _roomiest(search: Search, c: str):
     if not devs:
         return None
     return search.gpus[max(devs, key=lambda d: (search.budget[d], -d))]
-
-
-def gpu_change(gpu: str, extra: int, budgets, options, inventory=None) -> str:
-    """The one change that gives `gpu` `extra` more bytes, with the options that exist."""
-    budget, how = budgets.get(gpu, (0, ""))
-    target = budget + extra
-    if inventory is not None:
-        dev = inventory.get(gpu)
-        if target > dev.total_bytes:
-            return (f"{gpu} ({fmt(dev.total_bytes)}) cannot give that much even empty: it "
-                    f"needs a larger GPU")
-        if target > dev.free_bytes:
-            return (f"free {fmt(target - dev.free_bytes)} on {gpu} and raise its budget "
-                    f"(--max-vram {gpu}=SIZE)" if how == "max_vram" else
-                    f"free {fmt(extra)} more on {gpu} (its budget is its free memory less "
-                    f"the {fmt(options.budget_margin)} margin)")
-    if how == "max_vram":
-        return f"raise max_vram {gpu}= to at least {fmt(target)} (--max-vram {gpu}=SIZE)"
-    if how.startswith("balanced"):
-        return f"raise balanced_threshold or use offload_mode auto (it gives {gpu} more)"
-    return (f"free {fmt(extra)} more on {gpu} (its budget is its free memory less the "
-            f"{fmt(options.budget_margin)} margin)")
 
 
 def _one_gpu_shortfall(search: Search):

@@ -38,14 +38,6 @@ def reasons_for(search: Search, o, use, options, chosen=None) -> List[str]:
 _FAMILY = {"none": "plain", "batch": "batch parallel", "pipeline": "pipelined split"}
 
 
-def _where(o) -> str:
-    if o.kind.decision == "batch":
-        return f"{o.detail.each} on {'&'.join(o.runtime)}"
-    if o.kind.decision == "split":
-        return f"split over {'&'.join(o.runtime)}"
-    return f"{o.kind.decision} on {'&'.join(o.runtime)}"
-
-
 def alternatives_of(search: Search, c: str) -> Dict[str, float]:
     """Predicted seconds per forward of the best plain, batch-parallel and pipelined
     placement of `c`, each with every GPU to itself (fit's lower bounds)."""
@@ -61,7 +53,7 @@ def parallel_line(search: Search, o) -> str:
     alts = (getattr(search, "alternatives", {}) or {}).get(c, {})
     if search.work[c].items < 2 or not (rule.batch or rule.pipeline) or len(alts) < 2:
         return ""
-    others = "; ".join(f"{_FAMILY[f]} {ms(a.forward_s)} ({_where(a)})"
+    others = "; ".join(f"{_FAMILY[f]} {ms(a.forward_s)} ({a.kind.where(a)})"
                        for f, a in sorted(alts.items()) if f != o.parallel)
     asked = rule.only is not None
     line = (f"parallel: {_FAMILY[o.parallel]} ({'asked' if asked else 'predicted fastest'}), "
@@ -77,7 +69,7 @@ def _yields_to_asked_split(search: Search, o, chosen) -> str:
     """A turn-taking component on a GPU that an asked split also uses: say that it takes
     turns so the split gets that GPU (an explicit split is never starved by a component
     auto-fit may move)."""
-    if o.persistent or o.kind.decision == "cpu" or search.rules[o.comp].params is not None:
+    if o.persistent or o.runtime == ["cpu"] or search.rules[o.comp].params is not None:
         return ""
     mine = set(o.runtime)
     for other, x in sorted(chosen.items()):

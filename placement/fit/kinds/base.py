@@ -43,6 +43,12 @@ class Kind:
         return {"parallel": self.parallel, "items_per_device": None,
                 "serial_forward_s": None, "stream_per_device": None}
 
+    def where(self, o) -> str:
+        """A few words: what and where (the report's list of alternatives)."""
+        if self.decision == "split":
+            return f"split over {'&'.join(o.runtime)}"
+        return f"{self.decision} on {'&'.join(o.runtime)}"
+
     def reasons(self, ctx, o, use) -> List[str]:
         """The decision in words: why this placement, with its figures."""
         raise NotImplementedError(f"kind {self.name} has no reason text")
@@ -89,3 +95,25 @@ def room_without(ctx, use, o, d: int) -> int:
     """What device d offers `o`'s component in its phase, the others' use taken off."""
     mine = o.persist.get(d, 0) + o.use.get(d, 0)
     return ctx.budget[d] - (use[o.phase][d] - mine)
+
+
+def gpu_change(gpu: str, extra: int, budgets, options, inventory=None) -> str:
+    """The one change that gives `gpu` `extra` more bytes, with the options that exist."""
+    budget, how = budgets.get(gpu, (0, ""))
+    target = budget + extra
+    if inventory is not None:
+        dev = inventory.get(gpu)
+        if target > dev.total_bytes:
+            return (f"{gpu} ({fmt(dev.total_bytes)}) cannot give that much even empty: it "
+                    f"needs a larger GPU")
+        if target > dev.free_bytes:
+            return (f"free {fmt(target - dev.free_bytes)} on {gpu} and raise its budget "
+                    f"(--max-vram {gpu}=SIZE)" if how == "max_vram" else
+                    f"free {fmt(extra)} more on {gpu} (its budget is its free memory less "
+                    f"the {fmt(options.budget_margin)} margin)")
+    if how == "max_vram":
+        return f"raise max_vram {gpu}= to at least {fmt(target)} (--max-vram {gpu}=SIZE)"
+    if how.startswith("balanced"):
+        return f"raise balanced_threshold or use offload_mode auto (it gives {gpu} more)"
+    return (f"free {fmt(extra)} more on {gpu} (its budget is its free memory less the "
+            f"{fmt(options.budget_margin)} margin)")

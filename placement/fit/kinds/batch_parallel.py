@@ -9,7 +9,7 @@ from ...plan import StreamPlan
 from ...units import format_bytes as fmt
 from ..costs import BATCH_PARALLEL_EFFICIENCY
 from ..option import Option, ring_stall, streamed_forward
-from .base import Kind, action, ms, per
+from .base import Kind, action, gpu_change, ms, per
 from .streamed import best_prefix
 
 
@@ -165,6 +165,9 @@ class BatchParallel(Kind):
             o.host_persist = geo.total if source == "cpu" else 0   # one shared copy
         return o.priced()
 
+    def where(self, o) -> str:
+        return f"{o.detail.each} on {'&'.join(o.runtime)}"
+
     def to_plan(self, ctx, o, cp) -> None:
         cp.parallel = "batch"
         if o.detail.each == "stream":
@@ -195,7 +198,6 @@ class BatchParallel(Kind):
     def failure(self, ctx, c, options, budgets, host, inventory):
         """Asked and fits nowhere: each device must hold or stream the whole component,
         and the shared host copy must fit host RAM."""
-        from ..failure import gpu_change
         geo, rule = ctx.geos[c], ctx.rules[c]
         devs = [ctx.gidx[n] for n in rule.runtime if n in ctx.gidx] if rule.runtime \
             else sorted(ctx.devices(c), key=lambda d: -ctx.budget[d])[:2]
