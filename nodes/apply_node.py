@@ -15,7 +15,7 @@ from ..placement.units import format_bytes
 from ..runtime.comfy import place_objects
 from ..runtime.comfy.workload import (FOLLOWS_LATENT, SamplingReplanner, from_prompt,
                                       latent_ratios, placement_key)
-from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType, fallbacks,
+from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType,
                      node_inventory, plan_ui)
 from .measured import Meter, attach, engine_sessions
 from .planning import make_plan
@@ -65,6 +65,9 @@ class ApplyPlacement(io.ComfyNode):
             inputs=inputs,
             outputs=outputs,
             hidden=[io.Hidden.unique_id, io.Hidden.prompt],
+            # its plan is UI output ComfyUI keeps and sends again when the run is cached,
+            # so a reloaded page shows it (it still runs only when an output needs it)
+            has_intermediate_output=True,
         )
 
     @classmethod
@@ -104,7 +107,7 @@ class ApplyPlacement(io.ComfyNode):
         attach(meter, placed.get("diffusion"), placed.get("vae"), by_component.get("vae"))
         results = [placed.get(comp) for _, _, comp in SLOTS]
         return io.NodeOutput(*results, plan.to_json(),
-                             ui=plan_ui(text, plan, fallbacks(plan)))
+                             ui=plan_ui(text, plan))
 
 
 def _latent_shape(latent):

@@ -7,7 +7,7 @@ from comfy_api.latest import io
 
 from ..placement.errors import PlacementError
 from ..placement.spec import LORA_MODES, OFFLOAD_MODES, PlacementSpec
-from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType, fallbacks,
+from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType,
                      node_inventory, plan_ui)
 from .planning import make_plan
 from .prompt_inputs import spec_inputs
@@ -114,7 +114,7 @@ class BackendAssignment(io.ComfyNode):
                           control_net_cpu, lora_mode)
         plan = make_plan(spec, node_inventory(), strict=strict)
         return io.NodeOutput(Placement(spec, bool(strict)),
-                             ui=plan_ui(plan.report(), plan, fallbacks(plan)))
+                             ui=plan_ui(plan.report(), plan, spec))
 
 
 def check_spec(backend="", params_backend="", max_vram="", split_mode="", auto_fit=False,

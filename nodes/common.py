@@ -4,9 +4,11 @@ from dataclasses import dataclass
 
 from comfy_api.latest import io
 
+from ..placement.components import COMPONENTS
 from ..placement.devices import Inventory
 from ..placement.spec import PlacementSpec
 from ..runtime.comfy.patcher_devices import comfy_cpu_only
+from ..runtime.comfy.visible_devices import hidden_gpus_note
 
 SIMULATE_ENV = "COMFYUI_PLACEMENT_SIMULATE"
 CATEGORY = "placement"
@@ -41,33 +43,50 @@ def node_inventory() -> Inventory:
     return inventory
 
 
-def plan_ui(text: str, plan=None, warnings=()) -> dict:
+def plan_ui(text: str, plan=None, spec=None) -> dict:
     """The node's UI output (the 'executed' message, never a node input): the text, the
-    plan JSON the editor draws from, and the fallback warnings it raises a toast for."""
+    plan JSON the editor shows, and structured fields the editor reads instead of the
+    plan's sentences: what fell back and the components the spec names."""
     ui = {"text": (text,)}
     if plan is not None:
         ui["placement_plan"] = (plan.to_json(),)
-    if warnings:
-        ui["placement_warnings"] = tuple(warnings)
+        fell = fallbacks(plan)
+        if fell:
+            ui["placement_fallbacks"] = tuple(fell)
+        note = hidden_gpus_note()
+        if note and (fell or any(len(cp.runtime) > 1 for cp in plan.components.values())
+                     or plan.extra.get("fit")):
+            ui["placement_notice"] = (note,)
+    if spec is not None:
+        ui["placement_components"] = tuple(named_components(spec))
     return ui
 
 
+def named_components(spec) -> list:
+    """Components the spec names a device for (a bare default names them all)."""
+    return [c for c in COMPONENTS if spec.runtime.for_component(c) is not None
+            or spec.params.for_component(c) is not None]
+
+
 def fallbacks(plan) -> list:
-    """The plan's fall-backs (a device this machine lacks), one line per cause: the
-    components it hit are listed together, and only connected ones when any is."""
+    """What fell back (a device this machine lacks), from the plan's records: one entry
+    per cause, the components it hit together (only connected ones when any is), with
+    what is used instead: {components, field, asked, used, why}."""
     present = {c for c, cp in plan.components.items() if getattr(cp, "present", False)}
     merged = {}
-    for w in plan.warnings:
-        if "falling back" not in w:
+    for f in plan.extra.get("fallbacks") or []:
+        comp = f.get("component")
+        if present and comp is not None and comp not in present:
             continue
-        head, _, cause = w.partition(": ")
-        comp = head.split(" for ")[-1] if " for " in head else ""
-        if present and comp and comp not in present:
-            continue
-        what = head.split(" for ")[0] if " for " in head else head
-        merged.setdefault((what, cause), []).append(comp)
-    every = set(plan.components)
-    return [f"{what}: {cause}" if not any(comps) else
-            f"{what} for all modules: {cause}" if set(comps) >= every and not present else
-            f"{what} for {', '.join(c for c in comps if c)}: {cause}"
-            for (what, cause), comps in merged.items()]
+        cp = plan.components.get(comp) if comp else None
+        if cp is None:
+            used = "ignored"
+        elif f.get("field") == "params":
+            used = cp.params
+        else:
+            used = "&".join(cp.runtime)
+        key = (f.get("field"), f.get("asked"), f.get("why"), used)
+        merged.setdefault(key, []).append(comp)
+    return [{"components": [c for c in comps if c], "field": field, "asked": asked,
+             "used": used, "why": why}
+            for (field, asked, why, used), comps in merged.items()]

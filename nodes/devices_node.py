@@ -1,6 +1,7 @@
 """Placement Devices: the inventory the other nodes plan for, shown in the node."""
 from comfy_api.latest import io, ui
 
+from ..runtime.comfy.visible_devices import hidden_gpus_note
 from .common import CATEGORY, SEARCH_ALIASES, node_inventory
 
 
@@ -27,7 +28,7 @@ class PlacementDevices(io.ComfyNode):
         # workflow queued again executes nothing. Free memory, live, is what the device
         # picker reads (GET /placement/devices).
         inventory = node_inventory()
-        return inventory.source + "|" + ",".join(
+        return inventory.source + "|" + hidden_gpus_note() + "|" + ",".join(
             f"{d.name}:{d.kind}:{d.total_bytes}" for d in inventory.devices)
 
     @classmethod
@@ -35,4 +36,7 @@ class PlacementDevices(io.ComfyNode):
         inventory = node_inventory()
         text = "\n".join(inventory.lines())
         shown = f"{inventory.source}\n{text}"
+        note = hidden_gpus_note()
+        if note:
+            shown += f"\n\n{note}"
         return io.NodeOutput(text, ui=ui.PreviewText(shown))

@@ -2,7 +2,8 @@
 pickers offer (registered on ComfyUI's PromptServer route table, nothing patched).
 
 JSON: {"source", "devices": [{name, kind, total_bytes, free_bytes, description,
-simulated}], "runtime": [choices], "params": [choices]}. `?simulate=cuda0=24GiB,...`
+simulated}], "runtime": [choices], "params": [choices], "notice": "" or the line saying
+ComfyUI hides GPUs of this machine (runtime/comfy/visible_devices.py)}. `?simulate=cuda0=24GiB,...`
 answers for hardware this machine lacks (as the CLI's --simulate); without it, the
 inventory the nodes plan for (node_inventory: --cpu, COMFYUI_PLACEMENT_SIMULATE).
 """
@@ -10,6 +11,7 @@ import logging
 
 from ..placement.devices import Inventory
 from ..placement.errors import PlacementError
+from ..runtime.comfy.visible_devices import hidden_gpus_note
 from .common import node_inventory
 
 log = logging.getLogger("comfyui-placement")
@@ -26,6 +28,7 @@ def devices_payload(inventory: Inventory) -> dict:
               for j in range(i + 2, len(gpus) + 1)]
     data["runtime"] = ["auto"] + names + splits
     data["params"] = ["auto"] + names + ["disk"]
+    data["notice"] = hidden_gpus_note()
     return data
 
 

@@ -156,6 +156,10 @@ def _predicted_lines(plan) -> List[str]:
     predicted = fit.get("predicted")
     if not predicted:
         return []
+    if not any(getattr(cp, "present", False) for cp in plan.components.values()):
+        # nothing described yet (Backend Assignment, no models): no figure to give
+        return ["", "predicted: nothing yet, no model is described (Apply Placement predicts "
+                    "for the models it is given, again when sampling starts)"]
     out = [""] + wrap(
         f"predicted: {seconds_text(predicted['sample_step_s'])} per sampling step, "
         f"{format_bytes(predicted['streamed_bytes_per_step'])} streamed per step, "

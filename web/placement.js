@@ -1,14 +1,16 @@
 // comfyui-placement: the editor side.
 //
-// * The plan is DRAWN on the node's canvas from the node's UI output (the 'executed'
-//   message: ui.placement_plan = plan JSON v1, ui.text = the table). It is kept in a
-//   plain JS field, never in a widget, node.properties or widgets_values, so nothing
-//   shown is ever sent back as a node input: ComfyUI's cache holds between runs.
-// * Device pickers: "pick devices" (drawn button and context menu) opens a dialog with a
+// * The plan is SHOWN inside the node as real text (a DOM widget, the same in the
+//   classic canvas and in Nodes 2.0) from the node's UI output (the 'executed' message:
+//   ui.placement_plan = plan JSON v1, ui.text = the table, ui.placement_fallbacks and
+//   ui.placement_components = structured fields; no sentence is parsed). It is kept in a
+//   plain JS field, never in a serialized widget value, node.properties or
+//   widgets_values, so nothing shown is ever sent back: ComfyUI's cache holds.
+// * Device pickers: "pick devices" (a button in the view, and the context menu) opens a dialog with a
 //   dropdown per component, filled from GET /placement/devices. It writes the grammar
 //   string into the backend / params_backend inputs (typed grammar still works).
-// * Fallbacks (a device this machine lacks): the node gets an orange frame and a
-//   warning line, and one toast per run lists what fell back.
+// * Fallbacks (a device this machine lacks): the node gets a warning line (and an orange
+//   frame in the classic renderer), and one toast per run lists what fell back.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
@@ -18,7 +20,6 @@ const COMPONENTS = ["diffusion", "te", "vae", "controlnet", "clip_vision", "upsc
 const PHASES = [["encode", ["te", "clip_vision", "photomaker"]],
                 ["sample", ["diffusion", "controlnet"]],
                 ["decode", ["vae", "upscaler"]]];
-const PLAN_HEIGHT = 150;
 const COLORS = { resident: "#4a8fe0", ring: "#9a6be0", work: "#e0a84a", free: "#3d5c3d",
                  budget: "#ff5050", text: "#ddd", dim: "#999", warn: "#ffb020",
                  measured: "#7fe0a0" };
@@ -60,8 +61,20 @@ function seconds(v) {
 }
 
 function state(node) {
-  if (!node.__placement) node.__placement = { plan: null, text: "", warnings: [], measured: null };
+  if (!node.__placement) {
+    node.__placement = { plan: null, text: "", fallbacks: [], shownComponents: null,
+                         measured: null, ranText: "", shown: null, el: null };
+  }
   return node.__placement;
+}
+
+function fallbackText(f) {
+  // from the node's structured record {components, field, asked, used, why}
+  const who = (f.components ?? []).join(", ");
+  const why = f.why ? ` (${f.why})` : "";
+  if (f.field === "max_vram") return `max_vram ${f.asked}: ignored${why}`;
+  if (f.field === "params") return `${who}: params ${f.asked} -> rests on ${f.used}${why}`;
+  return `${who}: backend ${f.asked} -> runs on ${f.used}${why}`;
 }
 
 // What a run measured (nodes/measured.py), sent when sampling and decode end: kept
@@ -71,8 +84,37 @@ api.addEventListener("placement.measured", (e) => {
   const node = app.graph?.getNodeById?.(rec?.node) ?? app.graph?.getNodeById?.(Number(rec?.node));
   if (!node) return;
   state(node).measured = rec;
-  node.setDirtyCanvas?.(true, true);
+  render(node);
 });
+
+// The plan that ran (auto-fit made again at sampling): sent as ComfyUI's progress text;
+// shown in the view, and the frontend's own text box for it is taken away again.
+api.addEventListener("progress_text", (e) => {
+  const node = app.graph?.getNodeById?.(Number(e.detail?.nodeId)) ?? app.graph?.getNodeById?.(e.detail?.nodeId);
+  if (!node || !NODES.has(node.comfyClass)) return;
+  state(node).ranText = String(e.detail?.text ?? "");
+  setTimeout(() => { dropProgressText(node); render(node); }, 0);
+});
+
+function dropProgressText(node) {
+  for (const w of [...(node.widgets ?? [])]) {
+    if (w.type === "progressText" || w.name === "$$node-text-preview") {
+      w.onRemove?.();
+      node.widgets.splice(node.widgets.indexOf(w), 1);
+    }
+  }
+}
+
+// Validation errors arrive in the frontend's store, not through a node callback: the
+// views are refreshed when a node's error list changes.
+setInterval(() => {
+  for (const node of app.graph?._nodes ?? []) {
+    const st = node.__placement;
+    if (!st?.el) continue;
+    const now = JSON.stringify(nodeErrors(node));
+    if (now !== JSON.stringify(st.shown?.errors ?? []) || st.el.dataset.nodeId !== String(node.id)) render(node);
+  }
+}, 400);
 
 function toast(severity, summary, detail) {
   const t = app.extensionManager?.toast;
@@ -81,12 +123,12 @@ function toast(severity, summary, detail) {
 }
 
 // ---- what is drawn: bars from the plan JSON only ------------------------------------
-function shownComponents(plan) {
+function shownComponents(plan, named) {
   const comps = plan?.components ?? {};
   const present = Object.keys(comps).filter((c) => comps[c].present);
   if (present.length) return present;
-  // no models connected (Backend Assignment): only what the spec named
-  return Object.keys(comps).filter((c) => (comps[c].reasons ?? []).some((r) => r.includes("(asked)")));
+  // no models connected (Backend Assignment): what the spec named (the node says which)
+  return (named ?? []).filter((c) => c in comps);
 }
 
 function share(cp, device) {
@@ -94,11 +136,11 @@ function share(cp, device) {
   return (cp.runtime ?? []).includes(device) ? 1 / n : 0;
 }
 
-export function phaseBars(plan) {
+export function phaseBars(plan, named) {
   // one bar per device and phase: resident weights, streaming ring, working memory.
   // An auto-fit plan carries the planner's own figures per device and phase
   // (device_table[].phases): those are drawn as they are, so drawing and table agree.
-  const shown = new Set(shownComponents(plan));
+  const shown = new Set(shownComponents(plan, named));
   const bars = [];
   if (Array.isArray(plan?.device_table)) {
     const fitc = plan.fit?.components ?? {};
@@ -137,162 +179,191 @@ export function phaseBars(plan) {
   return bars;
 }
 
-function widgetsBottom(node) {
-  let y = (Math.max(node.inputs?.length ?? 0, node.outputs?.length ?? 0)) *
-          (globalThis.LiteGraph?.NODE_SLOT_HEIGHT ?? 20) + 6;
-  for (const w of node.widgets ?? []) {
-    const wy = w.y ?? w.last_y;
-    if (wy != null) y = Math.max(y, wy + (w.computedHeight ?? 20) + 4);
-  }
-  return y;
+// ---- the view: real DOM text inside the node, the same in both renderers -------------
+// A DOM widget (node.addDOMWidget): the classic canvas overlays it on the node, Nodes 2.0
+// (Vue nodes) renders it inside the node's element. Nothing is drawn on the canvas
+// except the fallback frame in the classic renderer. The widget is never serialized:
+// not into the workflow (widget.serialize), not into the prompt (options.serialize).
+const CSS = `
+.placement-view { font: 11px/1.35 sans-serif; color: ${COLORS.text}; user-select: text;
+  -webkit-user-select: text; cursor: text; overflow: hidden; box-sizing: border-box;
+  padding: 2px 4px 4px 4px; white-space: normal; word-break: break-word; }
+.placement-view.fell-back { border-left: 3px solid ${COLORS.warn}; }
+.placement-view .pl-line { margin: 0 0 1px 0; }
+.placement-view .pl-dim { color: ${COLORS.dim}; }
+.placement-view .pl-warn { color: ${COLORS.warn}; }
+.placement-view .pl-error { color: #ff6060; }
+.placement-view .pl-measured { color: ${COLORS.measured}; }
+.placement-view .pl-pick { font: 11px sans-serif; margin: 2px 0 4px 0; padding: 1px 8px;
+  background: #335; color: ${COLORS.text}; border: 1px solid #557; border-radius: 3px;
+  cursor: pointer; }
+.placement-view .pl-legend span.sw { display: inline-block; width: 8px; height: 8px;
+  margin: 0 3px 0 8px; }
+.placement-view .pl-bar { position: relative; height: 12px; background: ${COLORS.free};
+  margin: 1px 0 1px 0; display: flex; }
+.placement-view .pl-bar > span { height: 12px; display: inline-block; }
+.placement-view .pl-mark { position: absolute; top: -2px; width: 2px; height: 16px; }
+.placement-view .pl-bars { margin-top: 3px; }
+.placement-view .pl-barrow { margin-bottom: 4px; }
+`;
+function addStyle() {
+  if (document.getElementById("placement-style")) return;
+  const el = document.createElement("style");
+  el.id = "placement-style";
+  el.textContent = CSS;
+  document.head.appendChild(el);
 }
 
-function wrap(ctx, text, width) {
-  const out = []; let line = "";
-  for (const word of String(text).split(/\s+/)) {
-    const next = line ? `${line} ${word}` : word;
-    if (ctx.measureText(next).width > width && line) { out.push(line); line = word; }
-    else line = next;
-  }
-  if (line) out.push(line);
-  return out;
+function line(parent, text, cls = "") {
+  const d = document.createElement("div");
+  d.className = `pl-line ${cls}`.trim();
+  d.textContent = text;
+  parent.appendChild(d);
+  return d;
 }
 
-function drawPlan(node, ctx) {
-  if (node.flags?.collapsed) return;
+function nodeErrors(node) {
+  const all = app.extensionManager?.lastNodeErrors ?? app.lastNodeErrors ?? {};
+  const errors = all?.[String(node.id)]?.errors ?? [];
+  return [...new Set(errors.map((e) => String(e.details ?? e.message).replace(/^\w+ - /, "")))];
+}
+
+function addView(node) {
+  addStyle();
+  const el = document.createElement("div");
+  el.className = "placement-view";
+  el.dataset.nodeType = node.comfyClass ?? node.type ?? "";
   const st = state(node);
-  const x0 = 8, width = node.size[0] - 16;
-  // Apply Placement's sampling-time note (auto-fit's "plan that ran", sent as ComfyUI's
-  // progress text): drawn here with the plan instead of a text box over the node
-  const pt = node.widgets?.find((w) => w.type === "progressText");
-  if (pt && NODES.has(node.comfyClass)) {
-    st.ranText = String(pt.value ?? "");
-    pt.onRemove?.();
-    node.widgets.splice(node.widgets.indexOf(pt), 1);
+  st.el = el;
+  const widget = node.addDOMWidget("placement_view", "placement_view", el, {
+    serialize: false, hideOnZoom: false, getValue: () => "", setValue: () => {},
+    getMinHeight: () => Math.max(40, st.height ?? 40),
+  });
+  widget.serialize = false;              // never in the workflow's widgets_values
+  st.widget = widget;
+  render(node);
+  return widget;
+}
+
+function render(node) {
+  const st = state(node);
+  const el = st.el;
+  if (!el) return;
+  el.replaceChildren();
+  el.dataset.nodeId = String(node.id);
+  st.shown = { errors: nodeErrors(node), fallbacks: [], predicted: null, measured: [], bars: [] };
+  el.classList.toggle("fell-back", st.fallbacks.length > 0);
+  for (const f of st.fallbacks) {
+    const text = `⚠ fell back: ${fallbackText(f)}`;
+    st.shown.fallbacks.push(text);
+    line(el, text, "pl-warn pl-fallback");
   }
-  let y = widgetsBottom(node) + 4;
-  ctx.save();
-  ctx.font = "11px sans-serif";
-  ctx.textBaseline = "top";
-  if (st.warnings.length) {
-    ctx.strokeStyle = COLORS.warn; ctx.lineWidth = 3;
-    ctx.strokeRect(-1, -(globalThis.LiteGraph?.NODE_TITLE_HEIGHT ?? 30), node.size[0] + 2,
-                   node.size[1] + (globalThis.LiteGraph?.NODE_TITLE_HEIGHT ?? 30) + 1);
-    ctx.fillStyle = COLORS.warn;
-    for (const w of st.warnings) for (const line of wrap(ctx, `⚠ fell back: ${w}`, width)) { ctx.fillText(line, x0, y); y += 13; }
-  }
-  const errors = app.extensionManager?.lastNodeErrors?.[String(node.id)]?.errors ?? [];
-  const shownErr = [...new Set(errors.map((e) => String(e.details ?? e.message).replace(/^\w+ - /, "")))];
-  st.errorsDrawn = shownErr;
-  if (shownErr.length) {
-    ctx.fillStyle = "#ff6060";
-    for (const msg of shownErr) {
-      for (const line of wrap(ctx, `✖ ${msg}`, width)) { ctx.fillText(line, x0, y); y += 13; }
-    }
-    y += 4;
-  }
+  for (const msg of st.shown.errors) line(el, `✖ ${msg}`, "pl-error");
+  if (st.notice) line(el, `⚠ ${st.notice}`, "pl-warn pl-notice");
   if (node.comfyClass === PICKER_NODE) {
-    st.button = [x0, y, 110, 18];
-    ctx.fillStyle = "#335"; ctx.fillRect(x0, y, 110, 18);
-    ctx.fillStyle = COLORS.text; ctx.fillText("⚙ pick devices…", x0 + 8, y + 3);
-    y += 24;
+    const b = document.createElement("button");
+    b.className = "pl-pick"; b.textContent = "⚙ pick devices…";
+    b.onclick = (e) => { e.stopPropagation(); openPicker(node); };
+    b.onpointerdown = (e) => e.stopPropagation();
+    el.appendChild(b);
   }
   const plan = st.plan;
   if (!plan) {
-    ctx.fillStyle = COLORS.dim;
     const lines = st.text ? st.text.split("\n")
       : [node.comfyClass === "PlacementDevices" ? "run to list devices" : "run the workflow to see the plan"];
-    for (const l of lines) { ctx.fillText(l.replace(/\t/g, "  "), x0, y); y += 13; }
-    ctx.restore();
-    st.drawnBottom = y;
+    const pre = document.createElement("pre");
+    pre.className = "pl-dim"; pre.style.cssText = "margin:0;font:inherit;white-space:pre-wrap";
+    pre.textContent = lines.join("\n");
+    el.appendChild(pre);
+    fit(node);
     return;
   }
-  // components: where each computes and rests
-  ctx.fillStyle = COLORS.text;
-  for (const c of shownComponents(plan)) {
+  for (const c of shownComponents(plan, st.shownComponents)) {
     const cp = plan.components[c];
     const stream = cp.stream ? `, streamed (${cp.stream.resident_blocks} resident, ${cp.stream.prefetch_depth} ahead)` : "";
-    ctx.fillText(`${c}: runs on ${cp.runtime.join("&")}, rests on ${cp.params}${stream}`, x0, y);
-    y += 13;
+    line(el, `${c}: runs on ${cp.runtime.join("&")}, rests on ${cp.params}${stream}`);
   }
-  // the figures the text report and the measured lines print, in their format
-  const secs = plan.fit?.predicted;
-  if (secs?.sample_step_s != null) {
-    st.predictedDrawn = `predicted ${seconds(secs.sample_step_s)} per sampling step, ${seconds(secs.generation_s)} per generation`;
-    ctx.fillText(st.predictedDrawn, x0, y); y += 13;
+  const predicted = predictedLine(plan);
+  if (predicted) { st.shown.predicted = predicted; line(el, predicted, "pl-predicted"); }
+  if (plan.workload) {
+    line(el, `planned for ${plan.workload.resolution?.join?.("x") ?? ""} x${plan.workload.batch ?? 1}, ${plan.workload.steps ?? "?"} steps`, "pl-dim");
   }
-  if (plan.workload) { ctx.fillStyle = COLORS.dim; ctx.fillText(`planned for ${plan.workload.resolution?.join?.("x") ?? ""} x${plan.workload.batch ?? 1}, ${plan.workload.steps ?? "?"} steps`, x0, y); y += 13; ctx.fillStyle = COLORS.text; }
-  // after a run: what it measured, the server's own lines (also in its log)
-  const measured = st.measured;
-  st.measuredDrawn = [];
-  if (measured?.lines?.length) {
-    ctx.fillStyle = COLORS.measured;
-    for (const l of measured.lines) {
-      st.measuredDrawn.push(l);
-      for (const line of wrap(ctx, l, width)) { ctx.fillText(line, x0, y); y += 13; }
-    }
-    ctx.fillStyle = COLORS.text;
-  }
-  y += 3;
+  for (const l of st.measured?.lines ?? []) { st.shown.measured.push(l); line(el, l, "pl-measured"); }
   if (st.ranText) {
+    // the plan that ran (sent when sampling started): its first line and its last paragraph
     const paras = st.ranText.split("\n\n");
-    ctx.fillStyle = COLORS.dim;
     for (const part of [paras[0].split("\n")[0], paras.length > 1 ? paras[paras.length - 1] : ""]) {
-      for (const line of wrap(ctx, part, width)) { ctx.fillText(line, x0, y); y += 13; }
+      if (part) line(el, part, "pl-dim pl-ran");
     }
-    ctx.fillStyle = COLORS.text;
   }
-  // bars: one per device and phase
-  const bars = phaseBars(plan);
-  st.barLabels = [];
-  if (!bars.length) { ctx.restore(); st.drawnBottom = y; return; }
-  const labelW = 110;
-  let lx = x0;
-  const legend = [["resident", "resident"], ["ring", "stream ring"], ["work", "working"], ["free", "free"], ["budget", "budget"]];
-  if (Object.keys(measured?.peaks ?? {}).length) legend.push(["measured", "measured peak"]);
-  for (const [k, label] of legend) {
-    const w = ctx.measureText(label).width + 22;
-    if (lx > x0 && lx + w - 10 > x0 + width) { lx = x0; y += 13; }    // wrap the legend
-    ctx.fillStyle = COLORS[k]; ctx.fillRect(lx, y + 2, 8, 8); ctx.fillStyle = COLORS.dim;
-    ctx.fillText(label, lx + 11, y); lx += w;
+  drawBars(el, st, plan);
+  fit(node);
+}
+
+function predictedLine(plan) {
+  const p = plan.fit?.predicted;
+  if (p?.sample_step_s > 0) {
+    return `predicted ${seconds(p.sample_step_s)} per sampling step, ${seconds(p.generation_s)} per generation`;
   }
-  y += 15;
-  const barW = Math.max(40, width - labelW);
+  if (plan.fit) return "predicted: nothing yet, no model is described (Apply Placement predicts for the models it is given, again when sampling starts)";
+  return null;
+}
+
+function drawBars(el, st, plan) {
+  const bars = phaseBars(plan, st.shownComponents);
+  if (!bars.length) return;
+  const legend = document.createElement("div");
+  legend.className = "pl-legend pl-dim";
+  const keys = [["resident", "resident"], ["ring", "stream ring"], ["work", "working"], ["free", "free"], ["budget", "budget"]];
+  if (Object.keys(st.measured?.peaks ?? {}).length) keys.push(["measured", "measured peak"]);
+  for (const [k, label] of keys) {
+    const sw = document.createElement("span"); sw.className = "sw"; sw.style.background = COLORS[k];
+    legend.append(sw, label);
+  }
+  el.appendChild(legend);
+  const box = document.createElement("div"); box.className = "pl-bars";
   for (const b of bars) {
-    const cap = b.device.budget_bytes ?? b.device.total_bytes ?? 1;
-    const scale = barW / Math.max(b.device.total_bytes ?? cap, 1);
-    ctx.fillStyle = COLORS.text;
-    ctx.fillText(`${b.device.name} ${b.phase}`, x0, y + 1);
-    let x = x0 + labelW;
-    ctx.fillStyle = COLORS.free; ctx.fillRect(x, y, barW, 12);
+    const row = document.createElement("div"); row.className = "pl-barrow";
+    line(row, `${b.device.name} ${b.phase}`);
+    const total = Math.max(b.device.total_bytes ?? b.device.budget_bytes ?? 1, 1);
+    const bar = document.createElement("div"); bar.className = "pl-bar";
     for (const [k, v] of [["resident", b.resident], ["ring", b.ring], ["work", b.work]]) {
-      const w = Math.max(v > 0 ? 2 : 0, v * scale);
-      ctx.fillStyle = COLORS[k]; ctx.fillRect(x, y, w, 12); x += w;
+      if (v <= 0) continue;
+      const s = document.createElement("span");
+      s.style.background = COLORS[k]; s.style.width = `max(2px, ${Math.min(100, 100 * v / total)}%)`;
+      s.title = `${k} ${fmt(v)}`;
+      bar.appendChild(s);
     }
-    if (b.device.budget_bytes != null) {
-      const bx = x0 + labelW + b.device.budget_bytes * scale;
-      ctx.fillStyle = COLORS.budget; ctx.fillRect(bx, y - 2, 2, 16);
-    }
-    const peak = measured?.peaks?.[b.device.name]?.[b.phase];
-    if (peak != null) {
-      ctx.fillStyle = COLORS.measured;
-      ctx.fillRect(x0 + labelW + Math.min(barW - 2, Math.max(2, peak * scale)), y - 3, 2, 18);
-    }
+    const mark = (at, color, cls) => {
+      const m = document.createElement("span"); m.className = `pl-mark ${cls}`;
+      m.style.left = `calc(${Math.min(100, 100 * at / total)}% - 1px)`; m.style.background = color;
+      bar.appendChild(m);
+    };
+    if (b.device.budget_bytes != null) mark(b.device.budget_bytes, COLORS.budget, "pl-budget");
+    const peak = st.measured?.peaks?.[b.device.name]?.[b.phase];
+    if (peak != null) mark(peak, COLORS.measured, "pl-peak");
+    row.appendChild(bar);
     let label = `planned ${fmt(b.resident + b.ring + b.work)} of ${fmt(b.device.total_bytes)}`;
     if (peak != null) label += `, measured peak ${fmt(peak)}`;
-    st.barLabels.push({ device: b.device.name, phase: b.phase, label });
+    st.shown.bars.push({ device: b.device.name, phase: b.phase, label });
     if (b.who.length) label += ` (${b.who.join(", ")})`;
-    ctx.fillStyle = COLORS.dim;
-    y += 14;
-    for (const line of wrap(ctx, label, width - labelW)) { ctx.fillText(line, x0 + labelW + 4, y); y += 13; }
-    y += 4;
+    line(row, label, "pl-dim");
+    box.appendChild(row);
   }
-  ctx.restore();
-  st.drawnBottom = y;
-  if (y + 8 > node.size[1] && !st.growing) {       // grow once to show the whole plan
-    st.growing = true;
-    requestAnimationFrame(() => { node.setSize([node.size[0], y + 8]); st.growing = false; node.setDirtyCanvas?.(true, true); });
-  }
+  el.appendChild(box);
+}
+
+function fit(node) {
+  // the node grows to show the whole view (never shrinks below what the user set)
+  const st = state(node);
+  requestAnimationFrame(() => {
+    const h = st.el?.scrollHeight ?? 0;
+    if (!h) return;
+    st.height = h + 4;
+    const need = node.computeSize?.()?.[1];
+    if (need && need > node.size[1]) node.setSize([node.size[0], need]);
+    node.setDirtyCanvas?.(true, true);
+  });
 }
 
 // ---- device picker ------------------------------------------------------------------
@@ -349,6 +420,13 @@ async function openPicker(node) {
   head.textContent = `Pick devices (${inv.source})`;
   head.style.marginBottom = "8px";
   dlg.appendChild(head);
+  if (inv.notice) {
+    const note = document.createElement("div");
+    note.className = "placement-pick-notice";
+    note.textContent = `⚠ ${inv.notice}`;
+    note.style.cssText = `color:${COLORS.warn};margin-bottom:8px;max-width:520px`;
+    dlg.appendChild(note);
+  }
   const table = document.createElement("table");
   const hdr = table.insertRow();
   for (const h of ["component", "computes on (backend)", "rests on (params)"]) {
@@ -393,6 +471,35 @@ async function openPicker(node) {
   document.body.appendChild(dlg);
 }
 
+// A node's UI output (the 'executed' message). Taken from the node's onExecuted and from
+// the event itself (whichever comes first; the same message twice changes nothing), so
+// the view fills whatever path the frontend and renderer deliver it by.
+function received(node, message) {
+  const st = state(node);
+  const key = JSON.stringify(message ?? null);
+  if (st.lastMessage === key) return;      // the same output delivered twice
+  st.lastMessage = key;
+  st.ranText = "";
+  st.measured = null;
+  st.text = Array.isArray(message?.text) ? message.text.join("\n") : String(message?.text ?? "");
+  try { st.plan = message?.placement_plan ? JSON.parse(message.placement_plan[0]) : null; }
+  catch { st.plan = null; }
+  st.fallbacks = (message?.placement_fallbacks ?? []).filter((f) => f && typeof f === "object");
+  st.shownComponents = message?.placement_components ?? null;
+  st.notice = message?.placement_notice?.[0] ?? "";
+  if (st.fallbacks.length) {
+    runWarnings.set(String(node.id), { type: node.comfyClass, lines: st.fallbacks.map(fallbackText) });
+  }
+  dropProgressText(node);
+  render(node);
+}
+
+api.addEventListener("executed", (e) => {
+  const id = e.detail?.display_node ?? e.detail?.node;
+  const node = app.graph?.getNodeById?.(Number(id)) ?? app.graph?.getNodeById?.(id);
+  if (node && NODES.has(node.comfyClass) && e.detail?.output) received(node, e.detail.output);
+});
+
 app.registerExtension({
   name: "comfyui-placement.editor",
   async beforeRegisterNodeDef(nodeType, nodeData) {
@@ -401,7 +508,15 @@ app.registerExtension({
     nodeType.prototype.onNodeCreated = function () {
       const r = onNodeCreated?.apply(this, arguments);
       state(this);
-      this.setSize([Math.max(this.size[0], 380), this.size[1] + PLAN_HEIGHT]);
+      addView(this);
+      this.setSize([Math.max(this.size[0], 380), this.size[1]]);
+      return r;
+    };
+    const onAdded = nodeType.prototype.onAdded;
+    nodeType.prototype.onAdded = function () {
+      // the node has its id now (it is -1 while it is created)
+      const r = onAdded?.apply(this, arguments);
+      render(this);
       return r;
     };
     const onConfigure = nodeType.prototype.onConfigure;
@@ -410,35 +525,24 @@ app.registerExtension({
       // widget value; the widgets are the schema's again, so drop it quietly
       const r = onConfigure?.apply(this, arguments);
       this.widgets = (this.widgets ?? []).filter((w) => w.name !== "placement_plan");
+      render(this);
       return r;
     };
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
-      const st = state(this);
-      st.ranText = "";
-      st.measured = null;
-      st.text = Array.isArray(message?.text) ? message.text.join("\n") : String(message?.text ?? "");
-      try { st.plan = message?.placement_plan ? JSON.parse(message.placement_plan[0]) : null; }
-      catch { st.plan = null; }
-      st.warnings = message?.placement_warnings ?? [];
-      if (st.warnings.length) runWarnings.set(String(this.id), { type: this.comfyClass, lines: st.warnings });
-      if (st.drawnBottom && st.drawnBottom > this.size[1]) this.setSize([this.size[0], st.drawnBottom + 8]);
-      this.setDirtyCanvas?.(true, true);
+      received(this, message);
     };
     const onDrawForeground = nodeType.prototype.onDrawForeground;
     nodeType.prototype.onDrawForeground = function (ctx) {
+      // the classic renderer only: an orange frame round a node that fell back
       onDrawForeground?.apply(this, arguments);
-      drawPlan(this, ctx);
-    };
-    const onMouseDown = nodeType.prototype.onMouseDown;
-    nodeType.prototype.onMouseDown = function (e, pos) {
-      const b = state(this).button;
-      if (b && pos[0] >= b[0] && pos[0] <= b[0] + b[2] && pos[1] >= b[1] && pos[1] <= b[1] + b[3]) {
-        openPicker(this);
-        return true;
-      }
-      return onMouseDown?.apply(this, arguments);
+      if (!state(this).fallbacks.length || this.flags?.collapsed) return;
+      const title = globalThis.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+      ctx.save();
+      ctx.strokeStyle = COLORS.warn; ctx.lineWidth = 3;
+      ctx.strokeRect(-1, -title, this.size[0] + 2, this.size[1] + title + 1);
+      ctx.restore();
     };
     if (nodeData.name === PICKER_NODE) {
       const getExtraMenuOptions = nodeType.prototype.getExtraMenuOptions;
@@ -451,4 +555,4 @@ app.registerExtension({
 });
 
 // for tests and power users: window.comfyPlacement.openPicker(node)
-window.comfyPlacement = { openPicker, parseGrammar, writeGrammar, phaseBars, state };
+window.comfyPlacement = { openPicker, parseGrammar, writeGrammar, phaseBars, state, render };

@@ -2,9 +2,17 @@
 no browser download) against a real ComfyUI server these fixtures start on 127.0.0.1
 with this pack, a test conditioning node and tiny random models.
 
+Every test runs in both renderers (classic LiteGraph canvas, Vue "Nodes 2.0") and on two
+frontends: the one ComfyUI pins (comfyui-frontend-package from its requirements) and the
+newest 1.58.x from the package registry, downloaded once into a cache
+($PLACEMENT_FRONTEND_CACHE, default ~/.cache/comfyui-placement/frontend) and served with
+--front-end-root. test_editor.py runs all four combinations; the other files run two
+(pinned + classic, newest + Nodes 2.0), which cover each frontend and each renderer.
+
 Like the integration tests they skip only on a developer's machine without ComfyUI,
 Playwright or Chromium; with COMFYUI_PLACEMENT_REQUIRE_COMFYUI=1 (CI) a missing piece is
-an error. Screenshots go to $PLACEMENT_SCREENSHOTS (default tests/browser/screenshots).
+an error. Screenshots go to $PLACEMENT_SCREENSHOTS (default tests/browser/screenshots),
+one folder per combination.
 """
 import os
 import shutil
@@ -23,6 +31,11 @@ from harness import COMFYUI_PATH, PACK, REQUIRED, comfy_python  # noqa: E402
 from browser_support import SHOTS, free_port, get_json  # noqa: E402
 
 CHROMIUM = os.environ.get("PLACEMENT_CHROMIUM", "/usr/bin/chromium")
+NEWEST_FRONTEND = "comfyui-frontend-package==1.58.*"
+FRONTEND_CACHE = Path(os.environ.get("PLACEMENT_FRONTEND_CACHE",
+                                     Path.home() / ".cache" / "comfyui-placement" / "frontend"))
+MATRIX = [("pinned", "classic"), ("pinned", "vue"), ("newest", "classic"), ("newest", "vue")]
+TWO = [("pinned", "classic"), ("newest", "vue")]
 SIMULATE = "cuda0=6GiB,cuda1=4GiB"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -49,8 +62,47 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=why))
 
 
+def pytest_generate_tests(metafunc):
+    if "server" not in metafunc.fixturenames:
+        return
+    combos = MATRIX if metafunc.module.__name__.endswith("test_editor") else TWO
+    metafunc.parametrize(("frontend", "renderer"), combos, indirect=True, scope="session",
+                         ids=[f"{f}-{r}" for f, r in combos])
+
+
+def newest_frontend_root() -> Path:
+    """The static folder of the newest 1.58.x frontend wheel, downloaded once (pip) and
+    unpacked into the cache."""
+    import zipfile
+    FRONTEND_CACHE.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(FRONTEND_CACHE.glob("comfyui_frontend_package-1.58.*.whl"))
+    if not wheels:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                        NEWEST_FRONTEND, "-d", str(FRONTEND_CACHE)], check=True, timeout=600)
+        wheels = sorted(FRONTEND_CACHE.glob("comfyui_frontend_package-1.58.*.whl"))
+    wheel = wheels[-1]
+    root = FRONTEND_CACHE / wheel.stem
+    static = root / "comfyui_frontend_package" / "static"
+    if not (static / "index.html").exists():
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(root)
+    return static
+
+
 @pytest.fixture(scope="session")
-def server():
+def frontend(request):
+    """(label, --front-end-root or None): the pinned frontend or the newest 1.58.x."""
+    label = getattr(request, "param", "pinned")
+    return label, (None if label == "pinned" else newest_frontend_root())
+
+
+@pytest.fixture(scope="session")
+def renderer(request):
+    return getattr(request, "param", "classic")
+
+
+@pytest.fixture(scope="session")
+def server(frontend):
     why = _missing()
     if why:
         raise RuntimeError(f"browser tests need: {why}")
@@ -64,10 +116,14 @@ def server():
                    capture_output=True, timeout=300)
     port = free_port()
     log = open(base / "server.log", "w")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COMFYUI_PLACEMENT_SIMULATE": SIMULATE}
+    # GPU 0 only, as ComfyUI started without --cuda-device all on Windows: the nodes say
+    # that GPUs are hidden (issue 20 item 8); on this CPU-only server it changes nothing else
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COMFYUI_PLACEMENT_SIMULATE": SIMULATE,
+           "CUDA_VISIBLE_DEVICES": "0"}
     proc = subprocess.Popen(
         [py, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
-         "--base-directory", str(base), "--disable-auto-launch"],
+         "--base-directory", str(base), "--disable-auto-launch"]
+        + ([] if frontend[1] is None else ["--front-end-root", str(frontend[1])]),
         cwd=COMFYUI_PATH, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -86,7 +142,7 @@ def server():
         # no template browser on first load (it covers the canvas), no minimap
         get_json(url + "/settings", {"Comfy.TutorialCompleted": True,
                                      "Comfy.Minimap.Visible": False})
-        yield {"url": url, "base": base, "log": base / "server.log"}
+        yield {"url": url, "base": base, "log": base / "server.log", "frontend": frontend[0]}
     finally:
         proc.terminate()
         try:
@@ -112,9 +168,18 @@ def browser():
 
 
 @pytest.fixture
-def page(browser, server):
-    SHOTS.mkdir(parents=True, exist_ok=True)
+def shots(frontend, renderer):
+    """Where this combination's screenshots go."""
+    folder = SHOTS / f"{frontend[0]}-{renderer}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def page(browser, server, renderer, shots):
+    get_json(server["url"] + "/settings/Comfy.VueNodes.Enabled", renderer == "vue")
     pg = browser.new_page()
+    pg.renderer, pg.shots = renderer, shots
     pg.errors = []
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
     pg.goto(server["url"])
@@ -126,5 +191,8 @@ def page(browser, server):
         for (const t of ['execution_start','executing','execution_cached','executed',
                          'execution_success','execution_error'])
           window.__api.addEventListener(t, (e) => window.__events.push([t, e.detail])); }""")
+    on = pg.evaluate("() => window.__app.extensionManager?.setting?.get?.('Comfy.VueNodes.Enabled')"
+                     " ?? window.__app.ui?.settings?.getSettingValue?.('Comfy.VueNodes.Enabled')")
+    assert bool(on) == (renderer == "vue"), f"renderer setting not applied: {on!r}"
     yield pg
     pg.close()

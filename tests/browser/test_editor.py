@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from browser_support import SHOTS, get_json  # noqa: E402
+from browser_support import get_json  # noqa: E402
 
 BASE_INPUTS = {"backend": "", "params_backend": "", "max_vram": "", "split_mode": "",
                "stream_layers": False, "auto_fit": False, "offload_mode": "auto",
@@ -86,19 +86,32 @@ def node_of(page, type_):
         "(t) => window.__app.graph._nodes.find((n) => n.comfyClass === t).id", type_)
 
 
+def view(page, type_):
+    """What the node's view shows: its text as the user sees and copies it, and whether
+    it is on screen (a DOM element inside the node in either renderer)."""
+    return page.evaluate("""(t) => { const n = window.__app.graph._nodes.find((n) => n.comfyClass === t);
+        const el = n.__placement?.el; if (!el) return {text: "", visible: false};
+        const r = el.getBoundingClientRect();
+        return {text: el.innerText, visible: el.isConnected && r.width > 50 && r.height > 10}; }""", type_)
+
+
 def test_the_cache_holds_and_nothing_shown_is_serialized(page, server):
     load(page, api_prompt())
-    SHOTS.joinpath("01_loaded_before_run.png").write_bytes(page.screenshot())
+    page.shots.joinpath("01_loaded_before_run.png").write_bytes(page.screenshot())
     first = queue(page)
     assert first["ok"], first["events"][-3:]
     page.wait_for_timeout(500)
-    SHOTS.joinpath("02_plan_after_run.png").write_bytes(page.screenshot())
+    page.shots.joinpath("02_plan_after_run.png").write_bytes(page.screenshot())
     # the plan arrived as UI output and is drawn from the plan JSON
     drawn = page.evaluate("""() => { const n = window.__app.graph._nodes.find(
         (n) => n.comfyClass === 'PlacementApply');
         const st = window.comfyPlacement.state(n);
         return {plan: st.plan, bars: window.comfyPlacement.phaseBars(st.plan)}; }""")
     assert drawn["plan"]["components"]["diffusion"]["runtime"] == ["cuda0"]
+    # shown as text inside the node, in whichever renderer is on
+    shown = view(page, "PlacementApply")
+    assert shown["visible"] and "diffusion: runs on cuda0" in shown["text"], shown
+    assert "cuda0 sample" in shown["text"] and "planned " in shown["text"], shown
     # a bar where a component computes on a device the plan counts (planned bytes); each
     # device's largest bar is the table's planned bytes for it
     assert {(b["device"]["name"], b["phase"]) for b in drawn["bars"]} >= {("cuda0", "sample")}
@@ -120,8 +133,8 @@ def test_the_cache_holds_and_nothing_shown_is_serialized(page, server):
     assert second["executed"] == [], second["executed"]     # nothing ran again
     assert pack_and_loaders <= set(second["cached"]), second["cached"]
     focus(page, "PlacementBackendAssignment")
-    SHOTS.joinpath("03_second_run_cached.png").write_bytes(page.screenshot())
-    (SHOTS / "second_run.json").write_text(json.dumps(
+    page.shots.joinpath("03_second_run_cached.png").write_bytes(page.screenshot())
+    (page.shots / "second_run.json").write_text(json.dumps(
         {"first": {"executed": len(first["executed"]), "seconds": round(first["seconds"], 2)},
          "second": {"executed": len(second["executed"]), "cached": len(second["cached"]),
                     "seconds": round(second["seconds"], 2)}}))
@@ -143,19 +156,25 @@ def test_search_finds_the_nodes(page):
         assert hits, word
     # and in the editor's node library (n), whose search reads the same fields
     page.locator("button[aria-label^='Node Library']").first.click()
-    box = page.locator("input[placeholder='Search...']").first
+    # 'Search...' on the pinned frontend, 'Search Nodes...' on 1.58
+    box = page.locator("input[placeholder^='Search']:visible").first
     box.wait_for(timeout=10000)
     for word, shot in (("vram", "04_search_vram.png"), ("block swap", "05_search_block_swap.png"),
                        ("multi-gpu", None), ("offload", None)):
         box.fill(word)
         page.wait_for_timeout(800)
-        listed = page.evaluate("""() => { const i = document.querySelector("input[placeholder='Search...']");
-            const panel = i.closest('[class*="sidebar"]');
+        listed = page.evaluate("""() => {
+            const i = [...document.querySelectorAll("input[placeholder^='Search']")]
+                .find((e) => e.offsetParent !== null);
+            // the library's panel: the widest ancestor of the box that is still a side panel
+            let panel = i;
+            for (let p = i.parentElement; p && p.getBoundingClientRect().width < 700; p = p.parentElement)
+                panel = p;
             const hit = [...panel.querySelectorAll('*')].find((e) => e.children.length === 0 &&
                 e.textContent.trim() === 'Apply Placement');
             hit?.scrollIntoView(); return panel.innerText; }""")
         if shot:
-            SHOTS.joinpath(shot).write_bytes(page.screenshot())
+            page.shots.joinpath(shot).write_bytes(page.screenshot())
         assert "Apply Placement" in listed and "Backend Assignment" in listed, (word, listed[-800:])
 
 
@@ -167,12 +186,16 @@ def test_device_picker_writes_the_grammar(page, server):
     assert "cuda0&cuda1&cuda2" in sim["runtime"]
     load(page, api_prompt(backend="te=cpu"))
     nid = node_of(page, "PlacementBackendAssignment")
-    page.evaluate("(id) => window.comfyPlacement.openPicker(window.__app.graph.getNodeById(id))", nid)
-    page.wait_for_selector("#placement-picker")
     focus(page, "PlacementBackendAssignment")
+    page.locator(f".placement-view[data-node-id='{nid}'] .pl-pick").click()
+    page.wait_for_selector("#placement-picker")
+    # ComfyUI shows GPU 0 only (the server runs with CUDA_VISIBLE_DEVICES=0): said, with
+    # the flag that lifts it
+    notice = page.locator("#placement-picker .placement-pick-notice").inner_text()
+    assert "CUDA_VISIBLE_DEVICES=0" in notice and "--cuda-device all" in notice, notice
     page.select_option(".placement-pick-backend-diffusion", "cuda0&cuda1")
     page.select_option(".placement-pick-params_backend-vae", "disk")
-    SHOTS.joinpath("06_device_picker.png").write_bytes(page.screenshot())
+    page.shots.joinpath("06_device_picker.png").write_bytes(page.screenshot())
     page.click("#placement-pick-apply")
     values = page.evaluate("""(id) => Object.fromEntries(window.__app.graph.getNodeById(id)
         .widgets.map((w) => [w.name, w.value]))""", nid)
@@ -192,7 +215,7 @@ def test_bad_spec_is_one_clear_error(page, server):
     page.wait_for_timeout(2500)
     focus(page, "PlacementBackendAssignment")
     page.wait_for_timeout(300)
-    SHOTS.joinpath("07_bad_spec.png").write_bytes(page.screenshot())
+    page.shots.joinpath("07_bad_spec.png").write_bytes(page.screenshot())
     errors = page.evaluate("""() => { const e = window.__app.lastNodeErrors ??
         window.comfyAPI?.app?.app?.lastNodeErrors; return e; }""")
     req = urllib_post(server["url"], api_prompt(backend="te=cpu,diffusion=cuda7", strict=True))
@@ -213,8 +236,10 @@ def test_bad_spec_is_one_clear_error(page, server):
     assert len(errs) == 1 and "backend" in errs[0]["details"], errs
     # the editor shows the message itself in the node, once (drawn from its node errors)
     drawn = page.evaluate("""(id) => window.comfyPlacement.state(
-        window.__app.graph.getNodeById(id)).errorsDrawn""", node_of(page, "PlacementBackendAssignment"))
+        window.__app.graph.getNodeById(id)).shown.errors""", node_of(page, "PlacementBackendAssignment"))
     assert len(drawn) == 1 and "cuda7" in drawn[0] and "unknown" in drawn[0], drawn
+    shown = view(page, "PlacementBackendAssignment")
+    assert shown["visible"] and shown["text"].count("cuda7") == 1, shown
 
 
 def urllib_post(url, prompt):
@@ -231,26 +256,34 @@ def test_fallback_is_one_toast_and_a_marked_node(page):
     assert run["ok"]
     page.wait_for_timeout(800)
     focus(page, "PlacementApply")
-    SHOTS.joinpath("08_fallback_toast.png").write_bytes(page.screenshot())
-    toasts = page.locator(".p-toast-message").all_inner_texts()
-    fell = [t for t in toasts if "fell back" in t]
-    assert len(fell) == 1, toasts
-    assert "ambiguous" in fell[0]
+    page.shots.joinpath("08_fallback_toast.png").write_bytes(page.screenshot())
+    # one toast (the frontends mark toasts up differently: found by its summary)
+    fell = page.evaluate("""() => [...document.querySelectorAll('*')]
+        .filter((e) => e.children.length === 0 && e.textContent.trim() === 'Placement fell back')
+        .map((e) => { let p = e; while (p && !p.innerText.includes('ambiguous')
+                                             && p !== document.body) p = p.parentElement;
+                      return p ? p.innerText : ''; })""")
+    assert len(fell) == 1, fell
+    assert "ambiguous" in fell[0], fell
     warnings = page.evaluate("""() => window.__app.graph._nodes.filter((n) => n.__placement)
-        .map((n) => [n.comfyClass, n.__placement.warnings])""")
+        .map((n) => [n.comfyClass, n.__placement.fallbacks])""")
     marked = [c for c, w in warnings if w]
     assert "PlacementApply" in marked, warnings
+    # the line is in the node itself, structured (component, asked, used, why)
+    shown = view(page, "PlacementApply")
+    assert shown["visible"] and "fell back: " in shown["text"], shown
+    assert "backend cuda -> runs on" in shown["text"] and "ambiguous" in shown["text"], shown
 
 
 def test_auto_fit_plan_is_drawn_per_device_and_phase(page):
     load(page, api_prompt(backend="", auto_fit=True, max_vram="cuda0=0.004,cuda1=0.004"))
     focus(page, "PlacementApply")
-    SHOTS.joinpath("09_autofit_before_run.png").write_bytes(page.screenshot())
+    page.shots.joinpath("09_autofit_before_run.png").write_bytes(page.screenshot())
     run = queue(page)
     assert run["ok"], run["events"][-3:]
     page.wait_for_timeout(600)
     focus(page, "PlacementApply")
-    SHOTS.joinpath("10_autofit_after_run.png").write_bytes(page.screenshot())
+    page.shots.joinpath("10_autofit_after_run.png").write_bytes(page.screenshot())
     got = page.evaluate("""() => { const n = window.__app.graph._nodes.find(
         (n) => n.comfyClass === 'PlacementApply'); const st = window.comfyPlacement.state(n);
         return {plan: st.plan, bars: window.comfyPlacement.phaseBars(st.plan)}; }""")
@@ -260,12 +293,17 @@ def test_auto_fit_plan_is_drawn_per_device_and_phase(page):
         used = bar["resident"] + bar["ring"] + bar["work"]
         assert used == table[bar["device"]["name"]]["phases"][bar["phase"]]
     assert {b["phase"] for b in got["bars"]} >= {"sample", "decode"}
+    # a plan over several GPUs says that ComfyUI hides the others, in the node
+    shown = view(page, "PlacementApply")
+    assert "--cuda-device all" in shown["text"], shown
+    devices = view(page, "PlacementDevices")
+    assert "CUDA_VISIBLE_DEVICES=0" in devices["text"], devices
     assert got["plan"]["fit"]["predicted"]["step_s"] > 0
     # predicted and measured side by side, each prediction printed as the text report
     # prints it (one source: the plan JSON, one format)
     seen = page.evaluate("""() => { const st = window.comfyPlacement.state(window.__app.graph
         ._nodes.find((n) => n.comfyClass === 'PlacementApply'));
-        return {predicted: st.predictedDrawn, measured: st.measuredDrawn, text: st.text}; }""")
+        return {predicted: st.shown.predicted, measured: st.shown.measured, text: st.text}; }""")
     step = seen["predicted"].split("predicted ")[1].split(" per sampling step")[0]
     gen = seen["predicted"].split(", ")[1].split(" per generation")[0]
     text = " ".join(seen["text"].split())           # the report wraps at 100 columns
@@ -306,7 +344,7 @@ def test_measured_figures_appear_after_a_run_and_agree_with_the_log(page, server
     load(page, api_prompt(backend="vae=cuda1,diffusion=cuda0", **{"max_vram": "cuda1=1"}))
     state = """() => { const n = window.__app.graph._nodes.find((n) => n.comfyClass === 'PlacementApply');
         const st = window.comfyPlacement.state(n);
-        return {measured: st.measured, drawn: st.measuredDrawn ?? [], labels: st.barLabels ?? [],
+        return {measured: st.measured, drawn: st.shown?.measured ?? [], labels: st.shown?.bars ?? [],
                 plan: st.plan}; }"""
     before = page.evaluate(state)
     assert before["measured"] is None and before["drawn"] == []
@@ -314,7 +352,7 @@ def test_measured_figures_appear_after_a_run_and_agree_with_the_log(page, server
     assert run["ok"], run["events"][-3:]
     page.wait_for_timeout(800)
     focus(page, "PlacementApply")
-    SHOTS.joinpath("12_measured_after_run.png").write_bytes(page.screenshot())
+    page.shots.joinpath("12_measured_after_run.png").write_bytes(page.screenshot())
     got = page.evaluate(state)
     rec = got["measured"]
     assert rec is not None, "no measured record after the run"

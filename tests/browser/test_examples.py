@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from browser_support import SHOTS, get_json  # noqa: E402
+from browser_support import get_json  # noqa: E402
 from examples import EXAMPLES, api_prompt, to_tiny  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parents[2] / "example_workflows"
@@ -67,7 +67,7 @@ def test_example_loads_converts_validates_and_runs(page, server, name):
             const n = a.graph._nodes.find((n) => n.comfyClass === 'PlacementApply');
             c.ds.scale = 0.9; c.ds.offset = [-n.pos[0] + 380, -n.pos[1] + 80]; c.setDirty(true, true); }""")
         page.wait_for_timeout(400)
-        SHOTS.joinpath("11_example_layer_split.png").write_bytes(page.screenshot())
+        page.shots.joinpath("11_example_layer_split.png").write_bytes(page.screenshot())
         drawn = page.evaluate("""() => { const n = window.__app.graph._nodes.find(
             (n) => n.comfyClass === 'PlacementApply'); const st = window.comfyPlacement.state(n);
             return {bars: window.comfyPlacement.phaseBars(st.plan).map((b) => [b.device.name,

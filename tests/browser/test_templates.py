@@ -22,7 +22,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from browser_support import SHOTS, get_json  # noqa: E402
+from browser_support import get_json  # noqa: E402
 from examples import to_tiny  # noqa: E402
 
 FOLDER = HERE.parents[1] / "example_workflows"
@@ -188,7 +188,7 @@ def test_template_opens_from_the_template_browser_and_runs(page, server):
         return img && img.complete && img.naturalWidth > 0; })""", arg=NAMES, timeout=20000)
     assert {n: thumbs.get(f"{n}.jpg") for n in NAMES} == {n: 200 for n in NAMES}, thumbs
     page.wait_for_timeout(500)
-    SHOTS.joinpath("templates_1_browser.png").write_bytes(page.screenshot())
+    page.shots.joinpath("templates_1_browser.png").write_bytes(page.screenshot())
 
     cards[OPENED].click()
     # newer frontends show a detail view first, with a button that opens the workflow
@@ -212,7 +212,7 @@ def test_template_opens_from_the_template_browser_and_runs(page, server):
         const n = a.graph._nodes.find((n) => n.comfyClass === 'PlacementApply');
         c.ds.scale = 0.9; c.ds.offset = [-n.pos[0] + 380, -n.pos[1] + 80]; c.setDirty(true, true); }""")
     page.wait_for_timeout(400)
-    SHOTS.joinpath("templates_2_opened.png").write_bytes(page.screenshot())
+    page.shots.joinpath("templates_2_opened.png").write_bytes(page.screenshot())
 
     # run it: the editor's own prompt, on the test server's tiny models, as this client
     prompt = page.evaluate("async () => (await window.__app.graphToPrompt()).output")
@@ -235,4 +235,4 @@ def test_template_opens_from_the_template_browser_and_runs(page, server):
     page.wait_for_function("(p) => window.__events.some(([t, d]) => t === 'execution_success'"
                            " && d.prompt_id === p)", arg=pid, timeout=30000)
     page.wait_for_timeout(1000)
-    SHOTS.joinpath("templates_3_after_run.png").write_bytes(page.screenshot())
+    page.shots.joinpath("templates_3_after_run.png").write_bytes(page.screenshot())

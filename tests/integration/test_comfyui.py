@@ -163,6 +163,13 @@ def test_missing_device_falls_back_with_a_warning(results):
     shown = ui_text(rec, "11")
     assert "'cuda7' not found" in shown and "falling back to auto" in shown
     assert "diffusion: runs on cpu" in shown
+    # the same as data for the editor (issue 20: no sentence parsed), on both nodes
+    for node in ("10", "11"):
+        fell = rec["ui"][node]["placement_fallbacks"]
+        assert fell == [{"components": ["diffusion"], "field": "backend", "asked": "cuda7",
+                         "used": "cpu", "why": fell[0]["why"]}], fell
+        assert "'cuda7' not found" in fell[0]["why"], fell
+    assert list(rec["ui"]["10"]["placement_components"]) == ["diffusion"]
 
 
 def test_missing_device_is_an_error_when_strict(results):

@@ -37,3 +37,12 @@ def test_what_was_not_measured_or_predicted_is_said_not_invented():
     assert len(lines) == 2                     # no peak line without a peak
     only_decode = render_measured(record(sample=None, generation_s=0.25))
     assert only_decode[0].startswith("measured generation: 250 ms (decode;")
+
+
+def test_no_zero_prediction_before_any_model_is_described():
+    """Auto-fit with nothing described (Backend Assignment alone) has no workload to
+    predict for: the report says when it will predict instead of printing 0 ms."""
+    from comfyui_placement.placement import Inventory, PlacementSpec, plan
+    text = plan(PlacementSpec(auto_fit=True), Inventory.simulated("cuda0=8GiB"), {}).report()
+    assert "0 ms per sampling step" not in text and "0 ms per generation" not in text, text
+    assert "predicted: nothing yet, no model is described" in text, text
