@@ -167,6 +167,19 @@ def browser():
     shutil.rmtree(profile, ignore_errors=True)
 
 
+def ready(pg):
+    """Wait for the editor and the pack's extension, and record the run's events (again
+    after a reload)."""
+    pg.wait_for_function("() => (window.app ?? window.comfyAPI?.app?.app)?.graph?._nodes?.length"
+                         " && window.comfyPlacement !== undefined", timeout=60000)
+    pg.evaluate("""() => { const app = window.app ?? window.comfyAPI.app.app;
+        window.__app = app; window.__api = window.comfyAPI.api.api;
+        window.__events = [];
+        for (const t of ['execution_start','executing','execution_cached','executed',
+                         'execution_success','execution_error'])
+          window.__api.addEventListener(t, (e) => window.__events.push([t, e.detail])); }""")
+
+
 @pytest.fixture
 def shots(frontend, renderer):
     """Where this combination's screenshots go."""
@@ -183,14 +196,7 @@ def page(browser, server, renderer, shots):
     pg.errors = []
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
     pg.goto(server["url"])
-    pg.wait_for_function("() => (window.app ?? window.comfyAPI?.app?.app)?.graph?._nodes?.length"
-                         " && window.comfyPlacement !== undefined", timeout=60000)
-    pg.evaluate("""() => { const app = window.app ?? window.comfyAPI.app.app;
-        window.__app = app; window.__api = window.comfyAPI.api.api;
-        window.__events = [];
-        for (const t of ['execution_start','executing','execution_cached','executed',
-                         'execution_success','execution_error'])
-          window.__api.addEventListener(t, (e) => window.__events.push([t, e.detail])); }""")
+    ready(pg)
     on = pg.evaluate("() => window.__app.extensionManager?.setting?.get?.('Comfy.VueNodes.Enabled')"
                      " ?? window.__app.ui?.settings?.getSettingValue?.('Comfy.VueNodes.Enabled')")
     assert bool(on) == (renderer == "vue"), f"renderer setting not applied: {on!r}"

@@ -388,3 +388,27 @@ def test_measured_figures_appear_after_a_run_and_agree_with_the_log(page, server
     assert f"cuda0 sample {peak_text} (planned {ran_planned})" in rec["lines"][-1], rec["lines"]
     # nothing measured goes back into the prompt
     assert "measured" not in json.dumps(graph_prompt(page))
+
+
+def test_a_reloaded_page_shows_the_plan_again_after_a_cached_run(page):
+    """After a page reload the editor has no node output; a run that ComfyUI serves
+    entirely from its cache sends the kept UI output again (Backend Assignment is an
+    output node, Apply Placement has intermediate output), so both nodes show the plan."""
+    from conftest import ready
+    load(page, api_prompt())
+    first = queue(page)
+    assert first["ok"], first["events"][-3:]
+    page.reload()
+    ready(page)
+    page.wait_for_timeout(500)
+    before = {t: view(page, t)["text"] for t in ("PlacementBackendAssignment", "PlacementApply")}
+    assert all("runs on" not in text for text in before.values()), before
+    again = queue(page)
+    assert again["ok"] and again["executed"] == [], again["executed"]
+    page.wait_for_timeout(600)
+    for t, shot in (("PlacementBackendAssignment", "13_reloaded_assignment.png"),
+                    ("PlacementApply", "14_reloaded_apply.png")):
+        focus(page, t)                # a DOM view off screen is hidden in the classic canvas
+        page.shots.joinpath(shot).write_bytes(page.screenshot())
+        shown = view(page, t)
+        assert shown["visible"] and "diffusion: runs on cuda0" in shown["text"], (t, shown)
