@@ -66,6 +66,10 @@ def pytest_generate_tests(metafunc):
     if "server" not in metafunc.fixturenames:
         return
     combos = MATRIX if metafunc.module.__name__.endswith("test_editor") else TWO
+    if "renderer" not in metafunc.fixturenames:        # a server alone: each frontend once
+        fronts = list(dict.fromkeys(f for f, _ in combos))
+        metafunc.parametrize("frontend", fronts, indirect=True, scope="session", ids=fronts)
+        return
     metafunc.parametrize(("frontend", "renderer"), combos, indirect=True, scope="session",
                          ids=[f"{f}-{r}" for f, r in combos])
 

@@ -72,7 +72,7 @@ def test_example_loads_converts_validates_and_runs(page, server, name):
             (n) => n.comfyClass === 'PlacementApply'); const st = window.comfyPlacement.state(n);
             return {bars: window.comfyPlacement.phaseBars(st.plan).map((b) => [b.device.name,
                     b.phase, b.resident + b.ring + b.work]), phases: st.plan.device_phases,
-                    measured: st.measuredDrawn}; }""")
+                    measured: st.shown?.measured}; }""")
         bars = {(d, p): b for d, p, b in drawn["bars"]}
         # the split drawn on both GPUs in the sampling phase, each bar the planner's figure
         assert ("cuda0", "sample") in bars and ("cuda1", "sample") in bars, drawn
