@@ -357,11 +357,15 @@ function fit(node) {
   // the node grows to show the whole view (never shrinks below what the user set)
   const st = state(node);
   requestAnimationFrame(() => {
-    const h = st.el?.scrollHeight ?? 0;
+    const el = st.el;
+    const h = el?.scrollHeight ?? 0;
     if (!h) return;
     st.height = h + 4;
     const need = node.computeSize?.()?.[1];
     if (need && need > node.size[1]) node.setSize([node.size[0], need]);
+    // the classic canvas gives the widget the node's height: grow by what is cut off
+    const cut = el.scrollHeight - el.clientHeight;
+    if (el.clientHeight > 0 && cut > 1) node.setSize([node.size[0], node.size[1] + cut + 4]);
     node.setDirtyCanvas?.(true, true);
   });
 }

@@ -92,7 +92,8 @@ def view(page, type_):
     return page.evaluate("""(t) => { const n = window.__app.graph._nodes.find((n) => n.comfyClass === t);
         const el = n.__placement?.el; if (!el) return {text: "", visible: false};
         const r = el.getBoundingClientRect();
-        return {text: el.innerText, visible: el.isConnected && r.width > 50 && r.height > 10}; }""", type_)
+        return {text: el.innerText, visible: el.isConnected && r.width > 50 && r.height > 10,
+                clipped: el.scrollHeight - el.clientHeight > 2}; }""", type_)
 
 
 def test_the_cache_holds_and_nothing_shown_is_serialized(page, server):
@@ -112,6 +113,7 @@ def test_the_cache_holds_and_nothing_shown_is_serialized(page, server):
     shown = view(page, "PlacementApply")
     assert shown["visible"] and "diffusion: runs on cuda0" in shown["text"], shown
     assert "cuda0 sample" in shown["text"] and "planned " in shown["text"], shown
+    assert not shown["clipped"], "the node did not grow to show its whole view"
     # a bar where a component computes on a device the plan counts (planned bytes); each
     # device's largest bar is the table's planned bytes for it
     assert {(b["device"]["name"], b["phase"]) for b in drawn["bars"]} >= {("cuda0", "sample")}
@@ -240,6 +242,7 @@ def test_bad_spec_is_one_clear_error(page, server):
     assert len(drawn) == 1 and "cuda7" in drawn[0] and "unknown" in drawn[0], drawn
     shown = view(page, "PlacementBackendAssignment")
     assert shown["visible"] and shown["text"].count("cuda7") == 1, shown
+    assert not shown["clipped"], "the node did not grow to show its whole view"
 
 
 def urllib_post(url, prompt):
