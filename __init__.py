@@ -26,9 +26,16 @@ else:
     from .placement import (COMPONENTS, Inventory, Plan, PlacementError,  # noqa: F401
                             PlacementSpec, plan)
 
-    try:  # ComfyUI present: expose the V3 extension
-        import comfy_api.latest  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        from .nodes import comfy_entrypoint  # noqa: F401
+    def __getattr__(name):
+        """The nodes load when ComfyUI's loader asks for `comfy_entrypoint`, not when the
+        package is imported: `python -m comfyui_placement ...` started from ComfyUI's
+        folder (comfy_api importable) must not import ComfyUI's model management, which
+        fails on a machine without a GPU."""
+        if name == "comfy_entrypoint":
+            try:
+                import comfy_api.latest  # noqa: F401
+            except ImportError:
+                raise AttributeError(name) from None
+            from .nodes import comfy_entrypoint
+            return comfy_entrypoint
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
