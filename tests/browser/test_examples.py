@@ -4,14 +4,12 @@ the real server. PLACEMENT_WRITE_EXAMPLES=1 (re)writes the files from the editor
 import json
 import os
 import sys
-import time
-import urllib.error
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from browser_support import get_json  # noqa: E402
+from browser_support import run_as_client  # noqa: E402
 from examples import EXAMPLES, api_prompt, to_tiny  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parents[2] / "example_workflows"
@@ -45,19 +43,7 @@ def test_example_loads_converts_validates_and_runs(page, server, name):
         assert assign["inputs"][key] == value, (key, assign["inputs"])
     # sent as this editor's client: the run's UI output and measured figures reach the
     # loaded graph (same node ids), which draws them
-    client = page.evaluate("() => window.__api.clientId")
-    try:
-        r = get_json(server["url"] + "/prompt", {"prompt": to_tiny(prompt), "client_id": client})
-    except urllib.error.HTTPError as exc:
-        pytest.fail(f"{name}: the server rejected it: {exc.read().decode()[:2000]}")
-    assert not r.get("node_errors"), r
-    pid = r["prompt_id"]
-    for _ in range(600):
-        hist = get_json(server["url"] + f"/history/{pid}")
-        if pid in hist and hist[pid].get("status", {}).get("completed") is not None:
-            break
-        time.sleep(0.2)
-    status = hist[pid]["status"]
+    pid, status = run_as_client(page, server, to_tiny(prompt), name)
     assert status["status_str"] == "success", status["messages"][-2:]
     if name == "layer_split_two_gpus":
         page.wait_for_timeout(800)

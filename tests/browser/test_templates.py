@@ -13,16 +13,14 @@ import io
 import json
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from browser_support import get_json  # noqa: E402
+from browser_support import get_json, run_as_client  # noqa: E402
 from examples import to_tiny  # noqa: E402
 
 FOLDER = HERE.parents[1] / "example_workflows"
@@ -216,21 +214,7 @@ def test_template_opens_from_the_template_browser_and_runs(page, server):
 
     # run it: the editor's own prompt, on the test server's tiny models, as this client
     prompt = page.evaluate("async () => (await window.__app.graphToPrompt()).output")
-    client = page.evaluate("() => window.__api.clientId")
-    try:
-        r = get_json(server["url"] + "/prompt", {"prompt": to_tiny(prompt), "client_id": client})
-    except urllib.error.HTTPError as exc:
-        pytest.fail(f"{OPENED}: the server rejected it: {exc.read().decode()[:2000]}")
-    assert not r.get("node_errors"), r
-    pid = r["prompt_id"]
-    for _ in range(900):
-        hist = get_json(server["url"] + f"/history/{pid}")
-        if pid in hist and hist[pid].get("status", {}).get("completed") is not None:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail(f"{OPENED} did not finish")
-    status = hist[pid]["status"]
+    pid, status = run_as_client(page, server, to_tiny(prompt), OPENED, seconds=180)
     assert status["status_str"] == "success", status["messages"][-2:]
     page.wait_for_function("(p) => window.__events.some(([t, d]) => t === 'execution_success'"
                            " && d.prompt_id === p)", arg=pid, timeout=30000)
