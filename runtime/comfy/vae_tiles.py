@@ -1,11 +1,11 @@
 """The plan's tiled VAE decode, run by ComfyUI's own tiler.
 
 Auto-fit plans `ComponentPlan.tile` (pixels) for a VAE whose full-frame decode does not
-fit its GPU (placement/fit_tiles.py). VAEDecode calls `vae.decode(samples)`; on the
-pack's placed copy of the VAE (never the loader's object) that call becomes
-`decode_tiled` with the plan's tile (and, for a video VAE, its frames per temporal tile)
-and ComfyUI's default overlap, exactly what the
-VAE Decode (Tiled) node would run, so a plain VAEDecode in the workflow decodes in
+fit its GPU (placement/fit/tiles.py, placement/fit/kinds/tiled_vae.py). VAEDecode calls
+`vae.decode(samples)`; on the pack's placed copy of the VAE (never the loader's object)
+that call becomes `decode_tiled` with the plan's tile (and, for a video VAE, its frames
+per temporal tile) and ComfyUI's default overlap, exactly what the VAE Decode (Tiled)
+node would run, so a plain VAEDecode in the workflow decodes in
 tiles without editing the graph.
 """
 from typing import List, Optional
