@@ -11,7 +11,7 @@ from bisect import bisect_left, bisect_right
 from functools import lru_cache
 from typing import Dict, List, Optional, Tuple
 
-from ..layout import compute_shares, ring_bytes
+from ..layout import compute_shares, ring_bytes, ring_suffix_bytes
 from ..units import MiB
 from .costs import FIXED_RESERVES
 
@@ -111,7 +111,7 @@ def suffix_rings(sizes: Tuple[int, ...], depth: int) -> Tuple[int, ...]:
     """ring_bytes of every suffix of `sizes` (and 0 for the empty one): a pure function
     of the block sizes, so a model planned again (another budget, another request)
     reuses it."""
-    return tuple(ring_bytes(sizes[k:], depth) for k in range(len(sizes))) + (0,)
+    return tuple(ring_suffix_bytes(sizes, depth))
 
 
 def nearest(prefix, target, low, high) -> int:

@@ -114,9 +114,8 @@ def spans_to_plan(o, cp) -> None:
                            {n: list(v) for n, v in s.per_device.items()})
 
 
-def spans_json(kind, o) -> dict:
-    return dict(Kind.fit_json(kind, None, o),
-                stream_per_device={n: list(v) for n, v in o.detail.per_device.items()})
+def per_device_json(o) -> dict:
+    return {n: list(v) for n, v in o.detail.per_device.items()}
 
 
 def spans_line(ctx, o, how: str) -> str:
@@ -169,7 +168,7 @@ class SplitStream(Kind):
         spans_to_plan(o, cp)
 
     def fit_json(self, ctx, o) -> dict:
-        return spans_json(self, o)
+        return dict(super().fit_json(ctx, o), stream_per_device=per_device_json(o))
 
     def reasons(self, ctx, o, use) -> List[str]:
         streaming = o.runtime[len(o.runtime) - o.detail.layout:]

@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence, Tuple
 from ..geometry import Geometry
 from ..option import Option
 from .base import Kind
-from .split_stream import price_spans, spans_json, spans_line, spans_to_plan
+from .split_stream import per_device_json, price_spans, spans_line, spans_to_plan
 
 
 def remote_tail_spans(geo: Geometry, remote_caps: Sequence[int]
@@ -83,7 +83,7 @@ class WorkerRanges(Kind):
         spans_to_plan(o, cp)
 
     def fit_json(self, ctx, o) -> dict:
-        return spans_json(self, o)
+        return dict(super().fit_json(ctx, o), stream_per_device=per_device_json(o))
 
     def reasons(self, ctx, o, use) -> List[str]:
         how = (f"{o.runtime[0]} streaming its range over its own link, "
