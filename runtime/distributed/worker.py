@@ -8,18 +8,22 @@ it loaded and listens again.
 import os
 import socket
 import sys
+import time
 from typing import Dict, Sequence
 
 import torch
 
 from ...placement.errors import PlacementError
-from . import builder, group as groups, rangefile, wire
+from . import group as groups, wire
 from .auth import worker_handshake
 from .chain import run_chain
+from .builder import DEFAULT_ALLOWED
+from .loaded import LoadedRange
 
 
 def _log(text: str) -> None:
-    print(f"worker: {text}", file=sys.stderr, flush=True)
+    stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+    print(f"{stamp} worker: {text}", file=sys.stderr, flush=True)
 
 
 def _devices() -> list:
@@ -29,54 +33,9 @@ def _devices() -> list:
             for d in torch_devices()]
 
 
-def _torch_device(name: str) -> torch.device:
-    if name == "cpu":
-        return torch.device("cpu")
-    if name.startswith("cuda") and name[4:].isdigit():
-        if not torch.cuda.is_available() or int(name[4:]) >= torch.cuda.device_count():
-            raise PlacementError(f"this worker has no device {name}")
-        return torch.device(f"cuda:{name[4:]}")
-    raise PlacementError(f"this worker cannot run on {name!r}; it runs on cpu or cudaN")
-
-
-class LoadedRange:
-    def __init__(self, request: dict, models_dir: str, allowed: Sequence[str]):
-        path = rangefile.resolve_under(models_dir, str(request.get("file", "")))
-        rel = request["file"]
-        if rangefile.identity(path) != {"size": request.get("size"),
-                                         "header_sha256": request.get("header_sha256")}:
-            raise PlacementError(f"{rel} differs from the main process's copy (size or "
-                                 f"header hash); copy the same file to the worker")
-        self.device = _torch_device(str(request.get("device", "cpu")))
-        self.model = builder.build_on_meta(request["builder"], allowed)
-        keys: Dict[str, str] = request["keys"]
-        self.blocks = [self.model.get_submodule(n) for n in request["blocks"]]
-        wf = rangefile.open_safetensors(path)
-        try:
-            loaded = {}
-            for name, block in zip(request["blocks"], self.blocks):
-                for qualified, meta in builder.block_tensor_names(name, block).items():
-                    key = keys.get(qualified)
-                    if key is None:
-                        raise PlacementError(f"no file key sent for {qualified!r}")
-                    t = loaded.get(key)
-                    if t is None:
-                        t = loaded[key] = rangefile.read_tensor(wf, key)
-                    if tuple(t.shape) != tuple(meta.shape):
-                        raise PlacementError(f"{rel}: {key!r} is {list(t.shape)}, the "
-                                             f"model built here wants {list(meta.shape)}")
-                    builder.set_tensor(self.model, qualified, t.to(self.device))
-            if rangefile.range_digest(wf, keys.values(), loaded) != request["range_sha256"]:
-                raise PlacementError(f"{rel} differs from the main process's copy (the "
-                                     f"range's bytes hash differently); copy the same file")
-            self.nbytes = sum(t.numel() * t.element_size() for t in loaded.values())
-        finally:
-            wf.close()
-
-
 class Worker:
     def __init__(self, host: str, port: int, models_dir: str, secret: bytes,
-                 allowed: Sequence[str] = builder.DEFAULT_ALLOWED, idle_timeout_s=None):
+                 allowed: Sequence[str] = DEFAULT_ALLOWED, idle_timeout_s=None):
         self.models_dir, self.secret, self.allowed = models_dir, secret, tuple(allowed)
         self.idle_timeout_s = idle_timeout_s
         self.listener = socket.create_server((host, port))
