@@ -17,6 +17,7 @@ from typing import Dict, FrozenSet, List
 
 from .components import COMPONENTS
 from .errors import PlacementError
+from .remote_devices import is_remote
 
 EXECUTORS = ("runtime", "comfyui")
 DEFAULT_EXECUTOR = "runtime"
@@ -37,6 +38,7 @@ WHAT = {
     "batch_parallel": "batch parallel over several devices (parallel batch)",
     "pipeline_split": "a pipelined layer split (parallel pipeline)",
     "tiled_decode": "a tiled VAE decode (tile)",
+    "remote_range": "a block range on a worker machine (ALIAS.DEVICE, e.g. w1.cuda0)",
 }
 CAPABILITIES = tuple(WHAT)
 
@@ -50,12 +52,14 @@ _PATCHER = frozenset({"cpu_params", "peer_params", "tiled_decode"})
 TABLE: Dict[str, Dict[str, FrozenSet[str]]] = {
     # runtime.place runs every component; row split reads shards from memory and does
     # not stream; params rest on cpu, disk or the runtime device (runtime/place.py).
-    "runtime": {comp: _ENGINE | {"batch_parallel", "pipeline_split"} for comp in COMPONENTS},
+    "runtime": {comp: _ENGINE | {"batch_parallel", "pipeline_split", "remote_range"}
+                for comp in COMPONENTS},
     # runtime/comfy: the engine runs diffusion and te fully and the VAE whole on one
     # device (disk, simulated); everything else goes through ComfyUI's patchers.
     "comfyui": {
         "diffusion": _ENGINE | _PATCHER | {"batch_parallel",     # runtime/comfy/batch_parallel
-                                           "pipeline_split"},    # comfy/sampling_session.py
+                                           "pipeline_split",     # comfy/sampling_session.py
+                                           "remote_range"},      # comfy/worker_ranges.py
         "te": _ENGINE | _PATCHER,
         # tiles: ComfyUI's own decode_tiled on the placed copy (runtime/comfy/vae_tiles.py)
         "vae": frozenset({"disk", "simulated", "tiled_decode"}) | _PATCHER,
@@ -124,6 +128,8 @@ def needs(cp, inventory) -> List[str]:
         out.append("lora_runtime")
     if getattr(cp, "tile", None):
         out.append("tiled_decode")
+    if any(is_remote(n) for n in cp.runtime):
+        out.append("remote_range")
     return out
 
 
@@ -170,6 +176,8 @@ def choice_needs(component: str, runtime, params, split_mode, inventory) -> List
     names = runtime + ([params] if params not in (None, "cpu", "disk") else [])
     if any(_simulated(inventory, n) for n in names):
         out.append("simulated")
+    if any(is_remote(n) for n in runtime):
+        out.append("remote_range")
     return out
 
 
@@ -207,6 +215,8 @@ def check_component(cp, inventory, executor: str) -> None:
 
 
 def _advice(lacking) -> str:
+    if "remote_range" in lacking:
+        return "keep it on this machine's devices (workers run diffusion model ranges)"
     if "simulated" in lacking:
         return "put it on a real device (e.g. cpu) or let auto_fit place it"
     if "peer_params" in lacking:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Optional, Sequence
 
 from ..errors import PlacementError
+from ..remote_devices import is_remote
 from .geometry import Geometry
 
 
@@ -71,6 +72,8 @@ def make_rules(choice, geo: Geometry, preset: str, gpus: Sequence[str],
         r.split_mode == "layer" and geo.comp in PARALLEL_COMPONENTS
     if caps is None:
         return r
+    if "remote_range" not in caps:     # worker devices (w1.cuda0) only where the executor runs them
+        only = [g for g in (only if only is not None else gpus) if not is_remote(g)]
     if only is not None:
         r.gpus = only
         if not only and r.runtime is None:

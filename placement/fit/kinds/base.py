@@ -86,6 +86,19 @@ def per(o) -> str:
     return "per step" if o.runs > 1 else "per forward"
 
 
+def network_line(ctx, runtime) -> str:
+    """The network links a split over worker devices assumed ('' when all are local):
+    '; network cuda0->w1.cuda0 1.25 GB/s (measured), 0.5 ms per crossing'."""
+    names = list(runtime)
+    parts = []
+    for a, b in zip(names, names[1:] + names[:1]):
+        kind, bw, latency, source = ctx.model.link(a, b)
+        if kind == "network" and "." in b:
+            parts.append(f"{a}->{b} {bw / 1e9:.2f} GB/s ({source}), "
+                         f"{latency * 1e3:.1f} ms per crossing")
+    return f"; network {', '.join(parts)}" if parts else ""
+
+
 def size_line(ctx, c: str) -> str:
     geo = ctx.geos[c]
     return f"{c} {fmt(geo.total)} + {fmt(geo.headroom)} working memory"

@@ -9,7 +9,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 from ...units import format_bytes as fmt
 from ..geometry import Geometry, nearest
 from ..option import Option
-from .base import Kind, action, ms, per, room_without, size_line
+from .base import Kind, action, ms, network_line, per, room_without, size_line
 
 
 class SplitDetail(NamedTuple):
@@ -162,7 +162,8 @@ class LayerSplit(Kind):
                else f"{size_line(ctx, c)} > most room on one GPU {fmt(most)}")
         return [f"{why} -> layer split over {'&'.join(o.runtime)} in proportion to room "
                 f"({parts}; {o.runtime[0]} also holds the non-block weights), {where}; "
-                f"{o.hops} hops {per(o)} ({ms(o.transfer_s)})"]
+                f"{o.hops} hops {per(o)} ({ms(o.transfer_s)})"
+                f"{network_line(ctx, o.runtime)}"]
 
 
 

@@ -11,7 +11,7 @@ from ...plan import StreamPlan
 from ...units import format_bytes as fmt
 from ..geometry import Geometry, nearest
 from ..option import Option, ring_stall, streamed_forward
-from .base import Kind, per, size_line
+from .base import Kind, network_line, per, size_line
 
 
 class SpanDetail(NamedTuple):
@@ -124,7 +124,8 @@ def spans_line(ctx, o, how: str) -> str:
                       for n, (a, b) in zip(o.runtime, s.ranges))
     return (f"{size_line(ctx, o.comp)} > what {'&'.join(o.runtime)} hold together -> layer "
             f"split, {how} ({parts}), params on {o.source}; {fmt(o.streamed_bytes)} "
-            f"{per(o)} streamed (prefetch depth {s.depth}), {o.hops} hops")
+            f"{per(o)} streamed (prefetch depth {s.depth}), {o.hops} hops"
+            f"{network_line(ctx, o.runtime)}")
 
 
 class SplitStream(Kind):
