@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from .errors import PlacementError
+from .remote_devices import is_remote
 
 APP = "comfyui-placement"
 ENV_DIR = "COMFYUI_PLACEMENT_CACHE_DIR"      # tests and portable installs: the folder to use
@@ -155,7 +156,8 @@ def observe_plan_step(inventory, plan, component: str, measured_s: float,
     fit = (getattr(plan, "extra", None) or {}).get("fit") or {}
     predicted = ((fit.get("components") or {}).get(component) or {}).get("forward_s")
     cp = plan.components.get(component)
-    if not predicted or cp is None or getattr(inventory, "source", "") != "detected":
+    if not predicted or cp is None or getattr(inventory, "source", "") != "detected" or \
+            any(is_remote(d) for d in cp.runtime):      # a step with network hops in it
         return {}
     return {d: observe_step(inventory, d, component, predicted, measured_s, path)
             for d in cp.runtime}
@@ -196,10 +198,25 @@ class Figures:
 NO_FIGURES = Figures()
 
 
+def this_machine(inventory):
+    """The detected inventory of this machine inside `inventory` (workers' devices, which
+    with_remote appends, are other machines), or None for a simulated one."""
+    source = getattr(inventory, "source", "")
+    if source == "detected":
+        return inventory
+    if source == "detected + remote workers":          # remote_devices.with_remote
+        from .devices import Inventory
+        return Inventory([d for d in inventory.devices if not is_remote(d.name)],
+                         source="detected")
+    return None
+
+
 def figures_for(inventory, path: Optional[Path] = None) -> Figures:
     """The measured figures that apply to `inventory`: this machine's calibration and step
-    corrections when it is the detected inventory; nothing for a simulated one."""
-    if getattr(inventory, "source", "") != "detected":
+    corrections when it is the detected inventory (with workers' devices or not), the
+    network links calibrate measured to workers included; nothing for a simulated one."""
+    inventory = this_machine(inventory)
+    if inventory is None:
         return NO_FIGURES
     try:
         record = machine_record(inventory, path)

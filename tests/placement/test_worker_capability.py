@@ -54,3 +54,19 @@ def test_autofit_for_comfyui_gives_the_diffusion_model_a_worker_range_and_shows_
     link = p.extra["fit"]["cost_model"]["links"]["cuda0->w1.cuda0"]
     assert link["kind"] == "network" and link["bytes_per_s"] == 50e9
     assert "network cuda0->w1.cuda0 50.00 GB/s (given)" in " ".join(p.report().split())
+
+
+def test_calibrated_network_figures_apply_with_the_workers_devices_added(tmp_path):
+    from comfyui_placement.placement.devices import Device
+    from comfyui_placement.placement.machine_figures import figures_for, save_measurements
+    from comfyui_placement.placement.remote_devices import with_remote
+    here = Inventory([Device("cuda0", "gpu", 24 * GiB, 24 * GiB, "test gpu",
+                             torch_device="cuda:0"),
+                      Device("cpu", "cpu", 64 * GiB, 64 * GiB, "host", torch_device="cpu")],
+                     source="detected")
+    path = tmp_path / "figures.json"
+    save_measurements(here, {"network": {"w1": {"bytes_per_s": 3e9}}}, path)
+    joined = with_remote(here, [Device("w1.cuda0", "gpu", 24 * GiB, 24 * GiB, "on w1")])
+    assert figures_for(joined, path).network_bandwidth == {"w1": 3e9}
+    simulated = with_remote(Inventory.simulated("cuda0=24GiB"), joined.devices[-1:])
+    assert figures_for(simulated, path).network_bandwidth == {}
