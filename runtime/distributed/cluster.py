@@ -1,8 +1,17 @@
 """The main process's side of a distributed run (the Cluster): it connects to each
 worker, proves the shared secret, hosts the group's store as rank 0, and calls block
-ranges on workers. A worker that is lost or too slow gives one PlacementError, never a hang."""
+ranges on workers. A worker that is lost or too slow gives one PlacementError, never a hang.
+
+While the cluster is open a heartbeat thread pings every control socket that has been
+quiet for a while (the worker drops a main process it has not heard from for its
+--main-timeout, so one that vanished without closing frees the worker); a lock per link
+keeps a ping from ever landing inside a request's frames."""
+import contextlib
 import secrets
 import socket
+import threading
+import time
+import weakref
 from typing import Dict, List, Optional, Union
 
 import torch
@@ -16,9 +25,17 @@ from .auth import DEFAULT_SECRET_ENV, main_handshake, secret_from_env
 class WorkerLink:
     """One worker: its control socket, its rank in the group, what it reported."""
 
-    def __init__(self, alias: str, host: str, port: int, sock: socket.socket, hello: dict):
+    def __init__(self, alias: str, host: str, port: int, sock: socket.socket, hello: dict,
+                 heartbeat_s: float = 5.0):
         self.alias, self.host, self.port, self.sock = alias, host, port, sock
         self.devices: List[dict] = list(hello.get("devices") or [])
+        self.lock = threading.Lock()     # one exchange at a time on the control socket
+        try:                             # ping well within the worker's --main-timeout
+            heartbeat_s = min(heartbeat_s, float(hello["main_timeout_s"]) / 4)
+        except (KeyError, TypeError, ValueError):
+            pass
+        self.heartbeat_s = max(heartbeat_s, 0.01)
+        self._quiet_since = time.monotonic()
         self.rank = 0
         self.group = None
         self.backend = "gloo"
@@ -46,15 +63,41 @@ class WorkerLink:
         self._next_range += 1
         return self._next_range
 
+    @contextlib.contextmanager
+    def exchange(self):
+        """Holds the control socket for one request and its answer (heartbeats wait)."""
+        with self.lock:
+            self.check()
+            try:
+                yield
+            except wire.LinkLost as exc:
+                raise self._lost(exc) from None
+            finally:
+                self._quiet_since = time.monotonic()
+
+    def ping(self) -> None:
+        """A heartbeat when one is due; skipped while a request holds the socket (the
+        worker is busy answering it, not waiting). A failed one marks the link lost."""
+        if not self.lock.acquire(blocking=False):
+            return
+        try:
+            if self.broken is None and time.monotonic() - self._quiet_since >= self.heartbeat_s:
+                if _spoke_unasked(self.sock):
+                    raise wire.LinkLost("the worker closed the connection")
+                self.sock.settimeout(self.heartbeat_s)
+                wire.send_message(self.sock, {"op": "ping"})
+                self._quiet_since = time.monotonic()
+        except wire.LinkLost as exc:
+            self._lost(exc)
+        finally:
+            self.lock.release()
+
     def request(self, message: dict, timeout_s: float) -> dict:
         """A control request and its answer; a refusal is a PlacementError."""
-        self.check()
-        try:
+        with self.exchange():
             self.sock.settimeout(timeout_s)
             wire.send_message(self.sock, message)
             reply = wire.recv_message(self.sock)
-        except wire.LinkLost as exc:
-            raise self._lost(exc) from None
         if not reply.get("ok"):
             raise PlacementError(f"{self.where}: {reply.get('error', 'refused')}")
         return reply
@@ -66,7 +109,7 @@ class WorkerLink:
         metas, nbytes = wire.pack_layout(tensors)
         comm = groups.comm_device(self.backend, out_device)
         buf = wire.pack(tensors, metas, nbytes, comm)
-        try:
+        with self.exchange():
             self.sock.settimeout(timeout_s)
             wire.send_message(self.sock, dict(message, op="run", skeleton=skeleton,
                                               metas=metas, nbytes=nbytes))
@@ -78,11 +121,65 @@ class WorkerLink:
             out_buf = wire.recv_buffer(self.group, int(reply["nbytes"]), self.rank,
                                        wire.TAG_TO_MAIN, timeout_s, comm)
             outs = [t.to(out_device) for t in wire.unpack(out_buf, reply["metas"])]
-        except wire.LinkLost as exc:
-            raise self._lost(exc) from None
         sent = sum(t.numel() * t.element_size() for t in tensors)
         received = sum(t.numel() * t.element_size() for t in outs)
         return wire.unflatten(reply["skeleton"], outs), sent, received
+
+
+def _spoke_unasked(sock: socket.socket) -> bool:
+    """The worker never speaks unasked: anything to read between requests is its
+    goodbye (end of stream or a reset), noticed before the next prompt needs it."""
+    sock.settimeout(0)
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+class _Heartbeat:
+    """A daemon thread that pings each link when it is due, until stop() or until the
+    cluster is garbage (a weak reference: an unclosed Cluster still lets its workers go)."""
+
+    def __init__(self, cluster: "Cluster", default_s: float):
+        self.cluster, self.default_s = weakref.ref(cluster), default_s
+        self._wake = threading.Event()
+        self._stopped = False
+        self.thread = threading.Thread(target=self._beat, daemon=True,
+                                       name="comfyui-placement heartbeat")
+        self.thread.start()
+
+    def _beat(self) -> None:        # helpers hold the links only while they run
+        while True:
+            self._wake.wait(self._interval())
+            self._wake.clear()
+            if self._stopped or not self._ping_all():
+                return
+
+    def _links(self) -> Optional[List[WorkerLink]]:
+        cluster = self.cluster()
+        return None if cluster is None else list(cluster.links.values())
+
+    def _interval(self) -> float:
+        return min([self.default_s] + [k.heartbeat_s for k in self._links() or []]) / 2
+
+    def _ping_all(self) -> bool:
+        links = self._links()
+        for link in links or []:
+            link.ping()
+        return links is not None
+
+    def poke(self) -> None:
+        """A link was added (its interval may be shorter than the others')."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=self.default_s + 1)   # a ping's send is bounded so
 
 
 class RemoteDevice:
@@ -106,19 +203,24 @@ class Cluster:
     def __init__(self, workers: Union[str, Dict[str, str]], secret: Optional[bytes] = None,
                  secret_env: str = DEFAULT_SECRET_ENV, backend: str = "gloo",
                  timeout_s: float = 60.0, connect_timeout_s: float = 10.0,
-                 load_timeout_s: float = 300.0):
+                 load_timeout_s: float = 300.0, heartbeat_s: float = 5.0):
         """timeout_s bounds each step's exchange (compute included); load_timeout_s a
-        range's load (the worker imports its builder and reads its range from disk)."""
+        range's load (the worker imports its builder and reads its range from disk);
+        connect_timeout_s each worker's whole handshake. heartbeat_s: the longest a
+        control socket stays quiet (shorter where a worker's --main-timeout asks)."""
         self.backend = groups.check_backend(backend)
         self.timeout_s, self.load_timeout_s = float(timeout_s), float(load_timeout_s)
-        if min(self.timeout_s, connect_timeout_s, self.load_timeout_s) <= 0:
+        self.heartbeat_s = float(heartbeat_s)
+        if min(self.timeout_s, connect_timeout_s, self.load_timeout_s, self.heartbeat_s) <= 0:
             raise PlacementError("timeouts must be positive seconds")
         secret = secret if secret is not None else secret_from_env(secret_env)
         self.links: Dict[str, WorkerLink] = {}
         self.group = None
+        self._heartbeat = _Heartbeat(self, self.heartbeat_s)
         try:
             for alias, (host, port) in parse_workers(workers).items():
                 self.links[alias] = self._connect(alias, host, port, secret, connect_timeout_s)
+                self._heartbeat.poke()      # joined workers wait for the others: keep them
             self._join(connect_timeout_s)
         except BaseException:
             self.close()
@@ -133,7 +235,11 @@ class Cluster:
                                  f"`python -m comfyui_placement worker` running there?") from None
         try:
             wire.tune_socket(sock)
-            hello = main_handshake(sock, secret, where)
+            hello = main_handshake(sock, secret, where, time.monotonic() + timeout_s)
+        except wire.TimedOut:
+            sock.close()
+            raise PlacementError(f"{where} did not complete the handshake within "
+                                 f"{timeout_s:g} s; is it a comfyui-placement worker?") from None
         except wire.LinkLost as exc:
             sock.close()
             raise PlacementError(f"{where} refused the connection ({exc}); set the same "
@@ -141,38 +247,42 @@ class Cluster:
         except BaseException:
             sock.close()
             raise
-        return WorkerLink(alias, host, port, sock, hello)
+        return WorkerLink(alias, host, port, sock, hello, self.heartbeat_s)
 
     def _join(self, timeout_s: float) -> None:
         store = groups.host_store(timeout_s)
         prefix = secrets.token_hex(8) + "/"
         world = len(self.links) + 1
         local_host = None
-        for rank, link in enumerate(self.links.values(), start=1):
-            link.rank, link.backend = rank, self.backend
-            local_host = local_host or link.sock.getsockname()[0]
-            link.sock.settimeout(timeout_s)
+        with contextlib.ExitStack() as held:     # each link from its join to the answer
+            for rank, link in enumerate(self.links.values(), start=1):
+                held.enter_context(link.lock)
+                link.rank, link.backend = rank, self.backend
+                local_host = local_host or link.sock.getsockname()[0]
+                link.sock.settimeout(timeout_s)
+                try:
+                    wire.send_message(link.sock, {
+                        "op": "join", "store": [link.sock.getsockname()[0], store.port],
+                        "prefix": prefix, "rank": rank, "world": world,
+                        "backend": self.backend, "timeout": self.timeout_s})
+                except wire.LinkLost as exc:
+                    raise link._lost(exc) from None
             try:
-                wire.send_message(link.sock, {
-                    "op": "join", "store": [link.sock.getsockname()[0], store.port],
-                    "prefix": prefix, "rank": rank, "world": world,
-                    "backend": self.backend, "timeout": self.timeout_s})
-            except wire.LinkLost as exc:
-                raise link._lost(exc) from None
-        try:
-            self.group = groups.join_group(self.backend, "", 0, prefix, 0, world, timeout_s,
-                                           local_host or "127.0.0.1", store=store)
-        except RuntimeError as exc:
-            raise PlacementError(f"the workers did not join the process group within "
-                                 f"{timeout_s:g} s: {str(exc).splitlines()[0][:160]}") from None
-        for link in self.links.values():
-            link.group = self.group
-            try:
-                reply = wire.recv_message(link.sock)
-            except wire.LinkLost as exc:
-                raise link._lost(exc) from None
-            if not reply.get("ok"):
-                raise PlacementError(f"{link.where} could not join: {reply.get('error')}")
+                self.group = groups.join_group(self.backend, "", 0, prefix, 0, world,
+                                               timeout_s, local_host or "127.0.0.1",
+                                               store=store)
+            except RuntimeError as exc:
+                raise PlacementError(f"the workers did not join the process group within "
+                                     f"{timeout_s:g} s: {str(exc).splitlines()[0][:160]}"
+                                     ) from None
+            for link in self.links.values():
+                link.group = self.group
+                try:
+                    reply = wire.recv_message(link.sock)
+                except wire.LinkLost as exc:
+                    raise link._lost(exc) from None
+                if not reply.get("ok"):
+                    raise PlacementError(f"{link.where} could not join: {reply.get('error')}")
 
     # -- what the plan names -----------------------------------------------------------
     def __getitem__(self, name: str) -> RemoteDevice:
@@ -194,13 +304,16 @@ class Cluster:
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
+        self._heartbeat.stop()
         for link in self.links.values():
-            if link.broken is None:
+            if link.broken is None and link.lock.acquire(timeout=2.0):
                 try:
                     link.sock.settimeout(2.0)
                     wire.send_message(link.sock, {"op": "bye"})
                 except (wire.LinkLost, OSError):
                     pass
+                finally:
+                    link.lock.release()
             try:
                 link.sock.close()
             except OSError:

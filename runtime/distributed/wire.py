@@ -9,6 +9,7 @@ import datetime
 import json
 import socket
 import struct
+import time
 from typing import Any, List, Tuple
 
 import torch
@@ -18,11 +19,17 @@ from ...placement.errors import PlacementError
 ACCEPTED = "tensors, tuples, lists, dicts with str/int keys, None, bool, int, float, str"
 _ALIGN = 16
 _MAX_MESSAGE = 64 * 1024 * 1024      # a control message past this is a broken peer
+HANDSHAKE_MAX = 64 * 1024            # before the peer proved the secret: the hellos only
+_CHUNK = 1 << 20                     # memory grows with the bytes that came, not the claim
 TAG_TO_WORKER, TAG_TO_MAIN = 0, 1
 
 
 class LinkLost(Exception):
     """The peer is gone or too slow: the session cannot be trusted any more."""
+
+
+class TimedOut(LinkLost):
+    """The peer said nothing (or not all of it) within the time it was given."""
 
 
 # -- control messages -------------------------------------------------------------------
@@ -39,21 +46,41 @@ def tune_socket(sock: socket.socket) -> None:
                 pass
 
 
-def send_message(sock: socket.socket, message: dict) -> None:
+def _left(sock: socket.socket, deadline) -> None:
+    """An absolute deadline (time.monotonic()) bounds a whole exchange: a peer sending a
+    byte at a time cannot stretch it, as it would a timeout per recv."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimedOut("the deadline passed")
+        sock.settimeout(left)
+
+
+def frame(message: dict) -> bytes:
     data = json.dumps(message).encode()
+    return struct.pack("<I", len(data)) + data
+
+
+def send_message(sock: socket.socket, message: dict, deadline=None) -> None:
+    data = frame(message)
     try:
-        sock.sendall(struct.pack("<I", len(data)) + data)
+        _left(sock, deadline)
+        sock.sendall(data)
+    except socket.timeout:
+        raise TimedOut("sending timed out") from None
     except OSError as exc:
         raise LinkLost(f"sending failed ({exc.strerror or exc})") from None
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline) -> bytes:
     out = bytearray()
     while len(out) < n:
         try:
-            chunk = sock.recv(n - len(out))
+            _left(sock, deadline)
+            chunk = sock.recv(min(n - len(out), _CHUNK))
         except socket.timeout:
-            raise LinkLost(f"no answer within {sock.gettimeout():g} s") from None
+            raise TimedOut("the deadline passed" if deadline is not None else
+                           f"no answer within {sock.gettimeout():g} s") from None
         except OSError as exc:
             raise LinkLost(f"connection failed ({exc.strerror or exc})") from None
         if not chunk:
@@ -62,13 +89,15 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(out)
 
 
-def recv_message(sock: socket.socket) -> dict:
-    (n,) = struct.unpack("<I", _recv_exact(sock, 4))
-    if n > _MAX_MESSAGE:
-        raise LinkLost(f"control message of {n} bytes is past the {_MAX_MESSAGE} limit")
+def recv_message(sock: socket.socket, limit: int = _MAX_MESSAGE, deadline=None) -> dict:
+    """One message of at most `limit` bytes (checked before reading it), whole before
+    `deadline` when one is given (else each recv is bounded by the socket's timeout)."""
+    (n,) = struct.unpack("<I", _recv_exact(sock, 4, deadline))
+    if n > limit:
+        raise LinkLost(f"control message of {n} bytes is past the {limit} limit")
     try:
-        message = json.loads(_recv_exact(sock, n))
-    except ValueError:
+        message = json.loads(_recv_exact(sock, n, deadline))
+    except (ValueError, RecursionError):      # bad UTF-8 or JSON, or nested past reason
         raise LinkLost("control message is not JSON") from None
     if not isinstance(message, dict):
         raise LinkLost("control message is not a JSON object")

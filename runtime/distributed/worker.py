@@ -2,28 +2,44 @@
 joins its torch.distributed group, loads block ranges from its own model files (checked
 against the main process's hashes) and runs them on the activations it is sent.
 
-One session at a time; when the main process leaves or is lost, the worker drops what
-it loaded and listens again.
+Strangers cannot stall it: every connection's handshake runs in a thread of its own
+under one absolute deadline (--handshake-timeout), at most --max-pending of them at a
+time (more are turned away at once), reading only small messages until the peer proved
+the secret. One session at a time (the worker joins one group): a second main process
+that proves the secret meanwhile is told, in one line, whom the worker serves. A main
+process heard from neither by request nor by heartbeat for --main-timeout is dropped,
+and the next one may join. A broken connection or session never stops the worker.
 """
 import os
 import socket
 import sys
+import threading
 import time
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 
 from ...placement.errors import PlacementError
 from . import group as groups, wire
-from .auth import worker_handshake
+from .auth import refuse, worker_handshake, worker_hello
 from .chain import run_chain
 from .builder import DEFAULT_ALLOWED
 from .loaded import LoadedRange
+
+HANDSHAKE_TIMEOUT_S = 5.0     # a main process on any sane network proves itself in far less
+MAIN_TIMEOUT_S = 30.0         # a Cluster sends a heartbeat at least every quarter of this
+MAX_PENDING = 128             # handshakes in flight (a thread each)
+_HANDOVER_S = 2.0             # a main that just left is still releasing its ranges
 
 
 def _log(text: str) -> None:
     stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
     print(f"{stamp} worker: {text}", file=sys.stderr, flush=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _devices() -> list:
@@ -33,50 +49,141 @@ def _devices() -> list:
             for d in torch_devices()]
 
 
+class _Silent(Exception):
+    """The main process sent nothing, not even a heartbeat, for main_timeout_s."""
+
+
 class Worker:
     def __init__(self, host: str, port: int, models_dir: str, secret: bytes,
-                 allowed: Sequence[str] = DEFAULT_ALLOWED, idle_timeout_s=None):
+                 allowed: Sequence[str] = DEFAULT_ALLOWED,
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+                 main_timeout_s: float = MAIN_TIMEOUT_S, max_pending: int = MAX_PENDING):
         self.models_dir, self.secret, self.allowed = models_dir, secret, tuple(allowed)
-        self.idle_timeout_s = idle_timeout_s
+        self.handshake_timeout_s, self.main_timeout_s = handshake_timeout_s, main_timeout_s
+        self.max_pending = max_pending
+        self._state = threading.Condition()
+        self._pending = 0                        # handshakes in flight
+        self._serving: Optional[str] = None      # "HOST:PORT since TIME" of the session
         self.listener = socket.create_server((host, port))
         self.address = self.listener.getsockname()[:2]
 
+    # -- connections: accepted at once, each handshake on its own thread --------------
     def serve_forever(self) -> None:
         print(f"listening on {self.address[0]}:{self.address[1]}", flush=True)
         while True:
-            sock, addr = self.listener.accept()
             try:
-                self._session(sock, f"{addr[0]}:{addr[1]}")
-            except Exception as exc:      # a broken session never stops the worker
-                _log(f"session from {addr[0]}:{addr[1]} ended: {exc}")
-            finally:
-                sock.close()
+                sock, addr = self.listener.accept()
+            except OSError as exc:               # e.g. out of file descriptors: wait a bit
+                _log(f"accept failed: {exc.strerror or exc}")
+                time.sleep(0.1)
+                continue
+            self._admit(sock, f"{addr[0]}:{addr[1]}")
+
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        with self._state:
+            full = self._pending >= self.max_pending
+            if not full:
+                self._pending += 1
+        if full:
+            reason = f"{self.max_pending} handshakes are pending already"
+            refuse(sock, reason, "full")
+            sock.close()
+            _log(f"refused {peer}: {reason}")
+            return
+        try:
+            threading.Thread(target=self._connection, args=(sock, peer), daemon=True,
+                             name=f"worker {peer}").start()
+        except RuntimeError as exc:              # no thread to spare
+            self._handshake_done()
+            sock.close()
+            _log(f"refused {peer}: {exc}")
+
+    def _handshake_done(self) -> None:
+        with self._state:
+            self._pending -= 1
+
+    def _connection(self, sock: socket.socket, peer: str) -> None:
+        try:
+            nonce = self._handshake(sock, peer)
+            if nonce is not None:
+                self._serve(sock, peer, nonce)
+        except Exception as exc:                 # never stops the worker
+            _log(f"{peer} ended: {_first_line(exc)}")
+        finally:
+            sock.close()
+
+    def _handshake(self, sock: socket.socket, peer: str) -> Optional[str]:
+        """The main process's nonce once it proved the secret; None (logged) if not."""
+        try:
+            wire.tune_socket(sock)
+            return worker_handshake(sock, self.secret,
+                                    time.monotonic() + self.handshake_timeout_s)
+        except wire.TimedOut:
+            _log(f"refused {peer}: handshake not finished within "
+                 f"{self.handshake_timeout_s:g} s")
+        except (wire.LinkLost, OSError) as exc:
+            _log(f"refused {peer}: {exc}")
+        finally:
+            self._handshake_done()
+        return None
+
+    # -- the one session ----------------------------------------------------------------
+    def _claim(self, peer: str) -> Optional[str]:
+        """Take the session for peer; else the one-line refusal naming who has it."""
+        with self._state:
+            if not self._state.wait_for(lambda: self._serving is None, _HANDOVER_S):
+                return f"busy: serving a main process from {self._serving}"
+            self._serving = f"{peer} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            return None
+
+    def _serve(self, sock: socket.socket, peer: str, nonce: str) -> None:
+        busy = self._claim(peer)
+        if busy is not None:
+            refuse(sock, busy, "busy")
+            _log(f"refused {peer}: {busy}")
+            return
+        try:
+            worker_hello(sock, self.secret, nonce,
+                         {"devices": _devices(), "main_timeout_s": self.main_timeout_s},
+                         time.monotonic() + self.main_timeout_s)
+            self._session(sock, peer)
+        finally:
+            with self._state:
+                self._serving = None
+                self._state.notify_all()
+
+    def _next_request(self, sock: socket.socket, reply_timeout_s: float) -> dict:
+        """The main process's next request; its heartbeats (pings) only say it is there."""
+        while True:
+            try:
+                request = wire.recv_message(sock,
+                                            deadline=time.monotonic() + self.main_timeout_s)
+            except wire.TimedOut:
+                raise _Silent() from None
+            if request.get("op") != "ping":
+                sock.settimeout(reply_timeout_s)  # not what was left of the wait
+                return request
 
     def _session(self, sock: socket.socket, peer: str) -> None:
-        wire.tune_socket(sock)
-        sock.settimeout(30.0)                    # the handshake is quick or refused
-        try:
-            join = worker_handshake(sock, self.secret, {"devices": _devices()})
-        except wire.LinkLost as exc:
-            _log(f"refused {peer}: {exc}")
-            return
-        if join.get("op") != "join":
-            raise PlacementError(f"expected a join request, got {join.get('op')!r}")
-        timeout_s = float(join["timeout"])
-        backend = groups.check_backend(join["backend"])
-        local_host = sock.getsockname()[0]
-        group = groups.join_group(backend, join["store"][0], int(join["store"][1]),
-                                  join["prefix"], int(join["rank"]), int(join["world"]),
-                                  timeout_s, local_host)
-        _log(f"{peer} joined; rank {join['rank']} of {join['world']} ({backend})")
-        wire.send_message(sock, {"ok": True})
         ranges: Dict[int, LoadedRange] = {}
-        sock.settimeout(self.idle_timeout_s)     # idle between steps: wait for the main
+        group = None
         try:
+            join = self._next_request(sock, self.main_timeout_s)
+            if join.get("op") != "join":
+                raise PlacementError(f"expected a join request, got {join.get('op')!r}")
+            timeout_s = float(join["timeout"])
+            backend = groups.check_backend(join["backend"])
+            local_host = sock.getsockname()[0]
+            group = groups.join_group(backend, join["store"][0], int(join["store"][1]),
+                                      join["prefix"], int(join["rank"]), int(join["world"]),
+                                      timeout_s, local_host)
+            _log(f"{peer} joined; rank {join['rank']} of {join['world']} ({backend})")
+            wire.send_message(sock, {"ok": True})
             while True:
-                request = wire.recv_message(sock)
+                request = self._next_request(sock, timeout_s)
                 op = request.get("op")
                 if op == "bye":
+                    _log(f"{peer} left")
                     return
                 if op == "run":
                     self._run(sock, group, request, ranges, timeout_s, backend)
@@ -92,14 +199,21 @@ class Worker:
                     else:
                         raise PlacementError(f"unknown request {op!r}")
                     wire.send_message(sock, {"ok": True})
-                except PlacementError as exc:
-                    _log(f"refused {op}: {exc}")
-                    wire.send_message(sock, {"ok": False, "error": str(exc)})
+                except wire.LinkLost:
+                    raise
+                except Exception as exc:         # e.g. out of memory: say so, stay joined
+                    why = str(exc) if isinstance(exc, PlacementError) else _first_line(exc)
+                    _log(f"refused {op}: {why}")
+                    wire.send_message(sock, {"ok": False, "error": why})
+        except _Silent:
+            _log(f"{peer} silent for {self.main_timeout_s:g} s (no request, no heartbeat); "
+                 f"dropped its session")
         except wire.LinkLost as exc:
             _log(f"{peer} lost: {exc}")
         finally:
             ranges.clear()
-            groups.close_group(group)
+            if group is not None:
+                groups.close_group(group)
 
     def _run(self, sock, group, request, ranges, timeout_s, backend) -> None:
         loaded = ranges.get(int(request.get("range", -1)))
@@ -121,8 +235,7 @@ class Worker:
                         out = loaded.blocks[int(request["index"])](*args, **kwargs)
                 skeleton, outs = wire.flatten(out)
         except Exception as exc:                  # the block failed: say so, stay joined
-            wire.send_message(sock, {"ok": False, "error": f"{type(exc).__name__}: "
-                                     f"{str(exc).splitlines()[0] if str(exc) else ''}"})
+            wire.send_message(sock, {"ok": False, "error": _first_line(exc)})
             return
         self._reply(sock, group, skeleton, outs, timeout_s, backend, where)
 
@@ -136,11 +249,17 @@ class Worker:
                          0, wire.TAG_TO_MAIN, timeout_s)
 
 
-def serve(listen: str, models_dir: str, secret: bytes, allowed: Sequence[str]) -> None:
+def serve(listen: str, models_dir: str, secret: bytes, allowed: Sequence[str],
+          handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+          main_timeout_s: float = MAIN_TIMEOUT_S, max_pending: int = MAX_PENDING) -> None:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise PlacementError(f"invalid --listen {listen!r}; expected HOST:PORT, e.g. "
                              f"0.0.0.0:7860 (port 0 picks a free one)")
     if not os.path.isdir(models_dir):
         raise PlacementError(f"--models {models_dir!r} is not a folder")
-    Worker(host.strip("[]"), int(port), models_dir, secret, allowed).serve_forever()
+    if not (handshake_timeout_s > 0 and main_timeout_s > 0 and max_pending >= 1):
+        raise PlacementError("--handshake-timeout and --main-timeout must be positive "
+                             "seconds, --max-pending at least 1")
+    Worker(host.strip("[]"), int(port), models_dir, secret, allowed, handshake_timeout_s,
+           main_timeout_s, max_pending).serve_forever()

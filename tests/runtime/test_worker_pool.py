@@ -1,0 +1,82 @@
+"""The workers a ComfyUI session joins (runtime/distributed/pool.py): joined once and
+reused, an unreachable one is a line (never an exception), a lost one is joined again."""
+import socket
+import time
+
+import pytest
+
+from comfyui_placement.placement.errors import PlacementError
+from comfyui_placement.runtime.distributed import pool
+from test_distributed import SECRET_ENV, flux, WorkerProcess
+
+
+@pytest.fixture
+def worker(tmp_path, monkeypatch):
+    _, _, models, _ = flux(tmp_path)
+    w = WorkerProcess(models, tmp_path)
+    monkeypatch.setenv(SECRET_ENV, "loopback-secret")
+    yield w
+    pool.close_all()
+    w.stop()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]         # nothing listens there once closed
+
+
+def test_joined_once_and_reused(worker):
+    text = f"w1={worker.address}"
+    a = pool.join_workers(text, secret_env=SECRET_ENV)
+    b = pool.join_workers(text, secret_env=SECRET_ENV)
+    assert a.joined["w1"] is b.joined["w1"]             # one join per session
+    assert not a.unreachable
+    names = [d.name for d in a.devices()]
+    assert "w1.cpu" in names
+    assert a["w1.cpu"].name == "w1.cpu"
+    assert a.lines()[0].startswith(f"worker w1 ({worker.address}) joined: w1.cpu")
+    assert worker.logs().count("joined; rank 1") == 1
+
+
+def test_unreachable_worker_is_one_line_and_the_others_join(worker):
+    port = closed_port()
+    t0 = time.time()
+    got = pool.join_workers(f"w1={worker.address},w2=127.0.0.1:{port}",
+                            secret_env=SECRET_ENV, connect_timeout_s=3)
+    assert time.time() - t0 < 10
+    assert list(got.joined) == ["w1"]
+    line = got.unreachable["w2"]
+    assert line.startswith(f"worker w2 (127.0.0.1:{port}): cannot connect") and "\n" not in line
+    with pytest.raises(PlacementError, match="cannot connect"):
+        got["w2.cpu"]
+    assert [d.name.split(".")[0] for d in got.devices()] == ["w1"]
+
+
+def test_wrong_or_missing_secret_is_a_line(worker, monkeypatch):
+    got = pool.join_workers(f"w1={worker.address}", secret=b"not-it")
+    assert "wrong secret" in got.unreachable["w1"] and not got.joined
+    monkeypatch.delenv(SECRET_ENV)
+    got = pool.join_workers(f"w1={worker.address}", secret_env=SECRET_ENV)
+    assert f"set the environment variable {SECRET_ENV}" in got.unreachable["w1"]
+
+
+def test_bad_text_is_an_error_and_empty_is_nothing():
+    with pytest.raises(PlacementError, match="ALIAS=HOST:PORT"):
+        pool.join_workers("w1=nowhere")
+    assert not pool.join_workers("  ")
+
+
+def test_a_lost_worker_is_joined_again(worker):
+    text = f"w1={worker.address}"
+    first = pool.join_workers(text, secret_env=SECRET_ENV)
+    cluster = first.joined["w1"]
+    link = cluster.links["w1"]
+    link._lost(RuntimeError("simulated loss"))            # as a failed step marks it
+    pool.forget(first)
+    again = pool.join_workers(text, secret_env=SECRET_ENV)
+    assert again.joined["w1"] is not cluster
+    deadline = time.time() + 10
+    while worker.logs().count("joined; rank 1") < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    assert worker.logs().count("joined; rank 1") == 2
