@@ -16,7 +16,7 @@ from ..runtime.comfy import place_objects
 from ..runtime.comfy.workload import (FOLLOWS_LATENT, SamplingReplanner, from_prompt,
                                       latent_ratios, placement_key)
 from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType,
-                     node_inventory, plan_ui)
+                     node_inventory, note_workers, plan_ui, workers_inventory)
 from .measured import Meter, attach, engine_sessions
 from .planning import make_plan
 
@@ -73,8 +73,9 @@ class ApplyPlacement(io.ComfyNode):
     @classmethod
     def execute(cls, placement: Placement, latent=None, **objects) -> io.NodeOutput:
         by_component = {comp: objects.get(name) for name, _, comp in SLOTS}
-        inventory = node_inventory()
         spec, strict = placement.spec, placement.strict
+        inventory, workers = workers_inventory(node_inventory(),
+                                               getattr(placement, "workers", ""), strict)
         model = by_component.get("diffusion")
         node_id = getattr(cls.hidden, "unique_id", None) if cls.hidden else None
         # what sampling will compute, as far as the prompt tells: the working memory of
@@ -83,7 +84,8 @@ class ApplyPlacement(io.ComfyNode):
                                node_id, _latent_shape(latent),
                                latent_ratios(model) if model is not None else (8, 1))
         plan = make_plan(spec, inventory, by_component, strict=strict, workload=workload)
-        placed, notes = place_objects(plan, inventory, by_component)
+        note_workers(plan, workers)
+        placed, notes = place_objects(plan, inventory, by_component, workers=workers)
         text = plan.report()
         if notes:
             text += "\n\napplied:\n" + "\n".join(f"  {n}" for n in notes)
@@ -92,7 +94,7 @@ class ApplyPlacement(io.ComfyNode):
         replanner = None
         if placed.get("diffusion") is not None:
             replanner = _sampling_replanner(plan, workload, spec, strict, inventory,
-                                            by_component, placed, node_id)
+                                            by_component, placed, node_id, workers)
             replanner.attach(placed["diffusion"])
             text += ("\nWhen sampling starts, its first model call is rehearsed on the "
                      "meta device (the working memory at the run's real shapes) and the "
@@ -107,7 +109,7 @@ class ApplyPlacement(io.ComfyNode):
         attach(meter, placed.get("diffusion"), placed.get("vae"), by_component.get("vae"))
         results = [placed.get(comp) for _, _, comp in SLOTS]
         return io.NodeOutput(*results, plan.to_json(),
-                             ui=plan_ui(text, plan))
+                             ui=plan_ui(text, plan, workers=workers))
 
 
 def _latent_shape(latent):
@@ -119,15 +121,18 @@ def _latent_shape(latent):
     return tuple(samples.shape)
 
 
-def _sampling_replanner(plan, workload, spec, strict, inventory, objects, placed, node_id):
+def _sampling_replanner(plan, workload, spec, strict, inventory, objects, placed, node_id,
+                        workers=None):
     """The sampling-time half of planning (runtime/comfy/workload.py)."""
     def replan(real, first):
         pins = {c: cp for c, cp in first.components.items()
                 if c not in FOLLOWS_LATENT and cp.present}
-        return make_plan(spec, inventory, objects, strict=strict, workload=real, pins=pins)
+        again = make_plan(spec, inventory, objects, strict=strict, workload=real, pins=pins)
+        note_workers(again, workers)
+        return again
 
     def place(new_plan, objs):
-        return place_objects(new_plan, inventory, objs)[0]
+        return place_objects(new_plan, inventory, objs, workers=workers)[0]
 
     def show(real, ran, not_rehearsed=""):
         same_workload = replace(real, text_tokens=workload.text_tokens) == workload

@@ -8,7 +8,7 @@ from comfy_api.latest import io
 from ..placement.errors import PlacementError
 from ..placement.spec import LORA_MODES, OFFLOAD_MODES, PlacementSpec
 from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType,
-                     node_inventory, plan_ui)
+                     node_inventory, note_workers, plan_ui, workers_inventory)
 from .planning import make_plan
 from .prompt_inputs import spec_inputs
 
@@ -48,6 +48,11 @@ TIPS = {
     "control_net_cpu": "ControlNet computes on the cpu (backend controlnet=cpu first).",
     "strict": "A device this machine lacks is an error. Off: that module falls back to auto "
               "and the plan shows a warning (workflows move between machines).",
+    "workers": "Worker machines whose devices join this plan, as ALIAS=HOST:PORT, comma "
+               "separated (each runs `python -m comfyui_placement worker`); their devices "
+               "are named ALIAS.DEVICE, e.g. diffusion=cuda0&w1.cuda0. The shared secret "
+               "comes from the environment variable COMFYUI_PLACEMENT_SECRET on both "
+               "machines, never from the workflow. Example: w1=10.0.0.2:7860",
 }
 
 STRING_INPUTS = ("backend", "params_backend", "max_vram", "split_mode")
@@ -78,12 +83,16 @@ class BackendAssignment(io.ComfyNode):
         # optional, so API prompts written before it existed still validate
         inputs.append(io.Combo.Input("lora_mode", options=list(LORA_MODES), default="auto",
                                      optional=True, tooltip=TIPS["lora_mode"]))
+        # last and optional: workflows saved before it load with their widgets in place
+        inputs.append(io.String.Input("workers", default="", multiline=False, optional=True,
+                                      tooltip=TIPS["workers"]))
         return io.Schema(
             node_id="PlacementBackendAssignment",
             display_name="Backend Assignment",
             category=CATEGORY,
             search_aliases=SEARCH_ALIASES + ["backend", "params backend", "max vram",
-                                             "split mode", "stream layers", "auto fit"],
+                                             "split mode", "stream layers", "auto fit", "workers",
+                                             "distributed", "remote gpu"],
             description="Says where each module of the pipeline computes (GPU, CPU, a "
                         "multi-GPU split) and where its weights rest (VRAM, CPU offload, "
                         "disk), in stable-diffusion.cpp's --backend / --params-backend "
@@ -108,20 +117,26 @@ class BackendAssignment(io.ComfyNode):
     @classmethod
     def execute(cls, backend, params_backend, max_vram, split_mode, stream_layers, auto_fit,
                 offload_mode, offload_to_cpu, clip_on_cpu, vae_on_cpu, control_net_cpu,
-                strict, lora_mode="auto") -> io.NodeOutput:
+                strict, lora_mode="auto", workers="") -> io.NodeOutput:
         spec = build_spec(backend, params_backend, max_vram, split_mode, stream_layers,
                           auto_fit, offload_mode, offload_to_cpu, clip_on_cpu, vae_on_cpu,
                           control_net_cpu, lora_mode)
-        plan = make_plan(spec, node_inventory(), strict=strict)
-        return io.NodeOutput(Placement(spec, bool(strict)),
-                             ui=plan_ui(plan.report(), plan, spec))
+        workers = str(workers or "").strip()
+        inventory, joined = workers_inventory(node_inventory(), workers, bool(strict))
+        plan = make_plan(spec, inventory, strict=strict)
+        note_workers(plan, joined)
+        return io.NodeOutput(Placement(spec, bool(strict), workers),
+                             ui=plan_ui(plan.report(), plan, spec, joined))
 
 
 def check_spec(backend="", params_backend="", max_vram="", split_mode="", auto_fit=False,
-               strict=False):
+               strict=False, workers=""):
     """True, or one line that names the input at fault: `backend: device 'cuda7' is
     unknown; devices here: cuda0, cpu`."""
-    inventory = node_inventory()
+    try:
+        inventory, _ = workers_inventory(node_inventory(), workers, bool(strict))
+    except PlacementError as exc:
+        return f"placement error in workers: {exc}"
     fields = {"backend": backend, "params_backend": params_backend, "max_vram": max_vram,
               "split_mode": split_mode}
     try:

@@ -28,6 +28,7 @@ PlacementType = io.Custom("PLACEMENT")
 class Placement:
     spec: PlacementSpec
     strict: bool          # a device this machine lacks is an error (else: auto + warning)
+    workers: str = ""     # w1=HOST:PORT,...: worker machines joined for their devices
 
 
 def node_inventory() -> Inventory:
@@ -43,7 +44,39 @@ def node_inventory() -> Inventory:
     return inventory
 
 
-def plan_ui(text: str, plan=None, spec=None) -> dict:
+def workers_inventory(inventory: Inventory, text: str, strict: bool):
+    """`inventory` with the devices of the workers `text` names (joined once per ComfyUI
+    session: runtime/distributed/pool.py), and the Workers. A worker that cannot be
+    joined is refused with strict on; with strict off the plan goes on without it."""
+    if not str(text or "").strip():
+        return inventory, None
+    from ..placement.errors import PlacementError
+    from ..placement.remote_devices import with_remote
+    from ..runtime.distributed.pool import join_workers
+    workers = join_workers(text)
+    if strict and workers.unreachable:
+        first = next(iter(workers.unreachable.values()))
+        raise PlacementError(f"{first} (strict is on: turn it off to plan without "
+                             f"the worker)")
+    if not workers.joined:
+        return inventory, workers
+    return with_remote(inventory, workers.devices()), workers
+
+
+def note_workers(plan, workers) -> None:
+    """Say on the plan which workers were left out, and name them in its fallbacks
+    (a device w1.cuda0 fell back because worker w1 could not be joined)."""
+    if workers is None or not workers.unreachable:
+        return
+    for alias, line in workers.unreachable.items():
+        plan.warnings.append(f"{line}; planned without it")
+        for f in plan.extra.get("fallbacks") or []:
+            asked = str(f.get("asked") or "")
+            if asked.lower().startswith(alias + "."):
+                f["why"] = line
+
+
+def plan_ui(text: str, plan=None, spec=None, workers=None) -> dict:
     """The node's UI output (the 'executed' message, never a node input): the text, the
     plan JSON the editor shows, and structured fields the editor reads instead of the
     plan's sentences: what fell back and the components the spec names."""
@@ -53,10 +86,14 @@ def plan_ui(text: str, plan=None, spec=None) -> dict:
         fell = fallbacks(plan)
         if fell:
             ui["placement_fallbacks"] = tuple(fell)
+        notices = [f"{line}; planned without it"
+                   for line in (workers.unreachable.values() if workers else ())]
         note = hidden_gpus_note()
         if note and (fell or any(len(cp.runtime) > 1 for cp in plan.components.values())
                      or plan.extra.get("fit")):
-            ui["placement_notice"] = (note,)
+            notices.append(note)
+        if notices:
+            ui["placement_notice"] = tuple(notices)
     if spec is not None:
         ui["placement_components"] = tuple(named_components(spec))
     return ui

@@ -2,7 +2,11 @@
 from comfy_api.latest import io, ui
 
 from ..runtime.comfy.visible_devices import hidden_gpus_note
-from .common import CATEGORY, SEARCH_ALIASES, node_inventory
+from .common import CATEGORY, SEARCH_ALIASES, node_inventory, workers_inventory
+
+WORKERS_TIP = ("Also list the devices of these worker machines (ALIAS=HOST:PORT, comma "
+               "separated; the same text as Backend Assignment's workers input), or why a "
+               "worker cannot be joined. The secret comes from COMFYUI_PLACEMENT_SECRET.")
 
 
 class PlacementDevices(io.ComfyNode):
@@ -17,25 +21,29 @@ class PlacementDevices(io.ComfyNode):
                         "splits can use on this machine (name, kind, total and free "
                         "memory: VRAM for GPUs), measured when the hardware changes. The names are "
                         "the ones Backend Assignment accepts.",
-            inputs=[],
+            inputs=[io.String.Input("workers", default="", optional=True,
+                                    tooltip=WORKERS_TIP)],
             outputs=[io.String.Output("devices", tooltip="name<TAB>description, one per line")],
             is_output_node=True,
         )
 
     @classmethod
-    def fingerprint_inputs(cls):
-        # Cached while the hardware is the same (names, kinds, sizes): an unchanged
-        # workflow queued again executes nothing. Free memory, live, is what the device
-        # picker reads (GET /placement/devices).
-        inventory = node_inventory()
+    def fingerprint_inputs(cls, workers=""):
+        # Cached while the hardware is the same (names, kinds, sizes; the workers' too):
+        # an unchanged workflow queued again executes nothing. Free memory, live, is what
+        # the device picker reads (GET /placement/devices).
+        inventory, joined = workers_inventory(node_inventory(), workers, False)
         return inventory.source + "|" + hidden_gpus_note() + "|" + ",".join(
-            f"{d.name}:{d.kind}:{d.total_bytes}" for d in inventory.devices)
+            f"{d.name}:{d.kind}:{d.total_bytes}" for d in inventory.devices) + "|" + \
+            "|".join(joined.lines() if joined else [])
 
     @classmethod
-    def execute(cls) -> io.NodeOutput:
-        inventory = node_inventory()
+    def execute(cls, workers="") -> io.NodeOutput:
+        inventory, joined = workers_inventory(node_inventory(), workers, False)
         text = "\n".join(inventory.lines())
         shown = f"{inventory.source}\n{text}"
+        if joined:
+            shown += "\n\n" + "\n".join(joined.lines())
         note = hidden_gpus_note()
         if note:
             shown += f"\n\n{note}"

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from typing import Optional
 
 NODE = "PlacementBackendAssignment"
-FIELDS = ("params_backend", "max_vram", "split_mode", "auto_fit", "strict")
+FIELDS = ("params_backend", "max_vram", "split_mode", "auto_fit", "strict", "workers")
 _KEEP = 256                                  # nodes remembered (the latest prompts')
 _SEEN: "OrderedDict[tuple, dict]" = OrderedDict()
 

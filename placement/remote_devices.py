@@ -55,8 +55,19 @@ def remote_device_entries(alias: str, address: str, reported: Iterable[dict]) ->
         split_name(name)
         out.append(Device(name, d["kind"], int(d["total_bytes"]), int(d["free_bytes"]),
                           f"{d.get('description') or d['kind']} on worker {alias} "
-                          f"({address})"))
+                          f"({address})", simulated=bool(d.get("simulated")),
+                          throughput=_speed(d.get("throughput")),
+                          bandwidth=_speed(d.get("bandwidth"))))
     return out
+
+
+def _speed(value):
+    """A figure the worker reported (its simulated what-if speeds), or None."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None
 
 
 def with_remote(inventory: Inventory, entries: Iterable[Device]) -> Inventory:

@@ -259,7 +259,7 @@ function render(node) {
     line(el, text, "pl-warn pl-fallback");
   }
   for (const msg of st.shown.errors) line(el, `✖ ${msg}`, "pl-error");
-  if (st.notice) line(el, `⚠ ${st.notice}`, "pl-warn pl-notice");
+  for (const n of st.notices ?? []) line(el, `⚠ ${n}`, "pl-warn pl-notice");
   if (node.comfyClass === PICKER_NODE) {
     const b = document.createElement("button");
     b.className = "pl-pick"; b.textContent = "⚙ pick devices…";
@@ -371,13 +371,17 @@ function fit(node) {
 }
 
 // ---- device picker ------------------------------------------------------------------
-let inventory = null;
-async function devices() {
-  if (!inventory) {
-    const r = await api.fetchApi("/placement/devices");
-    inventory = await r.json();
+const inventories = new Map();   // by the node's workers text ("" for this machine alone)
+async function devices(workers = "") {
+  const key = String(workers ?? "").trim();
+  if (!inventories.has(key)) {
+    const q = key ? `?workers=${encodeURIComponent(key)}` : "";
+    const r = await api.fetchApi(`/placement/devices${q}`);
+    const inv = await r.json();
+    if (inv.error) throw new Error(inv.error);
+    inventories.set(key, inv);
   }
-  return inventory;
+  return inventories.get(key);
 }
 
 export function parseGrammar(text) {
@@ -412,7 +416,8 @@ function setWidget(node, name, value) {
 
 async function openPicker(node) {
   let inv;
-  try { inv = await devices(); } catch (e) { toast("error", "placement", `GET /placement/devices failed: ${e}`); return; }
+  const workers = node.widgets?.find((w) => w.name === "workers")?.value ?? "";
+  try { inv = await devices(workers); } catch (e) { toast("error", "placement", `GET /placement/devices failed: ${e}`); return; }
   document.getElementById("placement-picker")?.remove();
   const dlg = document.createElement("div");
   dlg.id = "placement-picker";
@@ -429,6 +434,13 @@ async function openPicker(node) {
     note.className = "placement-pick-notice";
     note.textContent = `⚠ ${inv.notice}`;
     note.style.cssText = `color:${COLORS.warn};margin-bottom:8px;max-width:520px`;
+    dlg.appendChild(note);
+  }
+  for (const w of inv.workers ?? []) {     // one line per worker: joined, or why not
+    const note = document.createElement("div");
+    note.className = "placement-pick-worker";
+    note.textContent = w;
+    note.style.cssText = `color:${/ joined: /.test(w) ? "#aaa" : COLORS.warn};margin-bottom:4px;max-width:520px`;
     dlg.appendChild(note);
   }
   const table = document.createElement("table");
@@ -490,7 +502,7 @@ function received(node, message) {
   catch { st.plan = null; }
   st.fallbacks = (message?.placement_fallbacks ?? []).filter((f) => f && typeof f === "object");
   st.shownComponents = message?.placement_components ?? null;
-  st.notice = message?.placement_notice?.[0] ?? "";
+  st.notices = (message?.placement_notice ?? []).map(String);
   if (st.fallbacks.length) {
     runWarnings.set(String(node.id), { type: node.comfyClass, lines: st.fallbacks.map(fallbackText) });
   }

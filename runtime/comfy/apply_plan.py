@@ -45,8 +45,10 @@ def _engine_clip():
 ENGINE_PLACERS = {"diffusion": _engine_model, "vae": _engine_vae, "te": _engine_clip}
 
 
-def place_objects(plan, inventory,
-                  objects: Dict[str, object]) -> Tuple[Dict[str, object], List[str]]:
+def place_objects(plan, inventory, objects: Dict[str, object],
+                  workers=None) -> Tuple[Dict[str, object], List[str]]:
+    """`workers` (runtime/distributed/pool.Workers): the joined workers a plan naming
+    worker devices (w1.cuda0) runs its diffusion ranges on."""
     placed: Dict[str, object] = {}
     notes: List[str] = []
     for component, obj in objects.items():
@@ -58,7 +60,8 @@ def place_objects(plan, inventory,
         cp = plan.components[component]
         check_executable(cp, inventory)
         if needs_engine(cp, inventory):
-            out, more = ENGINE_PLACERS[component]()(obj, plan, inventory)
+            extra = {"workers": workers} if component == "diffusion" else {}
+            out, more = ENGINE_PLACERS[component]()(obj, plan, inventory, **extra)
             placed[component] = out
             notes.extend(more + _tiles(component, cp, out))
             continue

@@ -16,9 +16,13 @@ from .sampling_session import diffusion_file, engine_clone
 from .engine_patcher import KEY
 from .gguf_models import is_gguf_module, missing_file_error
 from .shares import register_shares
+from .worker_ranges import (check_patches, names_workers, remote_block_devices,
+                            remote_block_names, remote_setup)
 
 
-def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
+def place_model_with_engine(model, plan, inventory, workers=None) -> Tuple[object, List[str]]:
+    """`workers`: the joined workers (runtime/distributed/pool.py) a plan naming worker
+    devices runs its ranges on (worker_ranges.py)."""
     cp = plan.components["diffusion"]
     device = inventory.get(cp.main_device)
     load = torch.device("cpu") if device.simulated else torch.device(device.torch_device)
@@ -29,8 +33,13 @@ def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
         raise PlacementError("diffusion: params disk needs the model's file, and this MODEL "
                              "does not come from a core loader that records it (Load "
                              "Diffusion Model, Load Checkpoint); use params cpu")
+    remote = remote_setup(model, cp, workers, weights_file) if names_workers(cp) else {}
     clone, notes = engine_clone(model, load, torch.device("cpu"), "diffusion")
     session = session_class(cp)(plan, "diffusion", inventory, weights_file)
+    if remote:
+        session.remote_options = remote
+        session.remote_blocks = remote_block_names(clone.model.diffusion_model, cp)
+        check_patches(clone.patches, session.remote_blocks)
     clone.set_attachments(KEY, session)
     clone.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, KEY, session.outer_sample)
     clone.add_wrapper_with_key(ext.WrappersMP.APPLY_MODEL, KEY, session.apply_model)
@@ -52,6 +61,11 @@ def place_model_with_engine(model, plan, inventory) -> Tuple[object, List[str]]:
     else:
         mode += f" (weights rest on {cp.params})"
     notes.append(f"diffusion: {mode}; LoRA patches applied at run time")
+    for device, (first, last) in cp.blocks.items() if remote else ():
+        if device in remote_block_devices(cp):
+            link = inventory.get(device).description
+            notes.append(f"diffusion: blocks {first}..{last} on {device} ({link}); only "
+                         f"activations cross the network")
     simulated = [n for n in cp.runtime if inventory.get(n).simulated]
     if simulated:
         notes.append(f"diffusion: {', '.join(simulated)} simulated (diagnostic): compute on "

@@ -70,6 +70,10 @@ class EngineLoad:
     def _check_runtime_patches(self):
         """Every patched weight must belong to a castable layer, or its patch would be lost."""
         import comfy.utils
+        session = self.attachments.get(KEY)
+        if getattr(session, "remote_blocks", None):      # worker_ranges.py
+            from .worker_ranges import check_patches
+            check_patches(self.patches, session.remote_blocks)
         for key in self.patches:
             owner, _, _ = key.rpartition(".")
             try:

@@ -118,6 +118,9 @@ class SamplingSession:
         self.run_stats: List[dict] = []        # stats of each placement (last RUN_STATS)
         self.runs = 0
         self.releases: List[str] = []     # devices ComfyUI asked room on (shares.py)
+        # worker ranges (worker_ranges.py): place() options and the blocks workers run
+        self.remote_options: dict = {}
+        self.remote_blocks: List[str] = []
 
     # ComfyUI copies attachments into clones with this hook; one session per module.
     def on_model_patcher_clone(self):
@@ -182,16 +185,18 @@ class SamplingSession:
                  self.component, device)
 
     def place_options(self, module) -> dict:
-        """runtime.place options every placement of `module` needs (params disk: the file)."""
+        """runtime.place options every placement of `module` needs (params disk: the file;
+        worker ranges: the workers, the builder and the file)."""
         if self.plan.components[self.component].params != "disk":
-            return {}
+            return dict(self.remote_options)
         if not self.weights_file:
             raise PlacementError(f"{self.component}: params disk needs the model's file "
                                  f"and this MODEL does not come from a core loader "
                                  f"that records it (Load Diffusion Model, Load "
                                  f"Checkpoint); use params cpu")
-        return {"weights_file": self.weights_file,
-                "key_map": file_key_map(self.weights_file, module)}
+        return dict({"weights_file": self.weights_file,
+                     "key_map": file_key_map(self.weights_file, module)},
+                    **self.remote_options)
 
     def open(self, module) -> None:
         options = self.place_options(module)

@@ -42,6 +42,7 @@ import torch
 
 import comfy.model_patcher
 
+from ...placement.remote_devices import is_remote
 from ..footprint import footprint
 from .engine_patcher import SHARES_KEY      # additional_models key; one share per device
 
@@ -51,7 +52,8 @@ def planned_shares(plan, component: str, inventory, module) -> Tuple[Dict[str, i
     """{device name: bytes} for the accelerators of the component's runtime, and the
     basis in words."""
     cp = plan.components[component]
-    gpus = [d for d in cp.runtime if plan.device(d).kind != "cpu"]
+    # a worker's device is that machine's memory, not this ComfyUI's to manage
+    gpus = [d for d in cp.runtime if plan.device(d).kind != "cpu" and not is_remote(d)]
     if cp.held_bytes:
         headroom = int(cp.headroom_bytes or 0)
         held = {d: max(0, int(b) - headroom) for d, b in cp.held_bytes.items()}

@@ -21,7 +21,7 @@ from ..tensors import key_mapper
 from .remote import remote_range
 from .cluster import Cluster
 
-REMOTE_OPTIONS = ("builder", "remote_file", "chain", "timeout_s")
+REMOTE_OPTIONS = ("builder", "remote_file", "chain", "timeout_s", "inputs")
 
 
 class RemoteStages:
@@ -68,6 +68,11 @@ class RemoteStages:
                                      f"free range of the module's {n} blocks (0..{n - 1})")
             taken |= set(range(first, last + 1))
             self.remote_ranges[d] = (first, last)
+        # where each range's activations come from here: the local device of the block
+        # before it (the main device when a worker's block or none precedes it)
+        owner = {i: d for d, (a, b) in comp.blocks.items() for i in range(int(a), int(b) + 1)}
+        self.sources = {d: owner[f - 1] if owner.get(f - 1) in local else local[0]
+                        for d, (f, _) in self.remote_ranges.items()}
         local_idx = [i for i in range(n) if i not in taken]
         self.local_blocks = [names[i] for i in local_idx]
         self.remote_blocks = [names[i] for i in sorted(taken)]
@@ -106,7 +111,8 @@ class RemoteStages:
             for device, (first, last) in self.remote_ranges.items():
                 self.opened.append(self._stack.enter_context(remote_range(
                     self.module, (first, last), self.cluster[device], self.file,
-                    key_map=self.key_map, block_names=self.block_names, **self.remote_options)))
+                    key_map=self.key_map, block_names=self.block_names,
+                    local_name=self.sources[device], **self.remote_options)))
             self.local = self._stack.enter_context(place(
                 self.module, self.local_plan, self.component, self.inventory,
                 blocks=self.local_blocks, skip_blocks=self.remote_blocks,

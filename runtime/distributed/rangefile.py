@@ -1,68 +1,114 @@
 """The same model file on both sides, proven by bytes: its size, a SHA-256 of its header,
 and a SHA-256 of the range's tensors (key, then bytes, keys sorted). Weights never cross
-the wire; the worker reads its own copy, found under its models folder only."""
+the wire; the worker reads its own copy, found under its models folder only.
+
+Files are .safetensors or .gguf (ggufrange.py: each tensor as ComfyUI-GGUF holds it). The
+main names its file by its path under ComfyUI's models folders ("diffusion_models/x",
+"checkpoints/y"); a worker also finds it under the diffusion folder's other name ("unet/x")
+and without the folder ("x"): its --models may be ComfyUI's models folder or a flat one.
+"""
 import hashlib
 import os
 import struct
-from typing import Dict, Iterable
+from typing import Dict, Iterable, List
 
 import torch
 
 from ...placement.errors import PlacementError
 from ..weightfile import SafetensorsFile
+from .ggufrange import GGUFRangeFile
+
+SUFFIXES = (".safetensors", ".gguf")
+# ComfyUI's two names for one folder (folder_paths maps the old "unet" to "diffusion_models")
+FOLDER_ALIASES = {"diffusion_models": "unet", "unet": "diffusion_models"}
+
+
+def _is_gguf(path: str) -> bool:
+    return path.lower().endswith(".gguf")
+
+
+def candidates(relative: str) -> List[str]:
+    """Where a main's model path is looked for, in order: as given, under the folder's other
+    ComfyUI name, then without its first folder, then its bare name (a flat folder)."""
+    parts = relative.split("/")
+    out = [relative]
+    if len(parts) > 1:
+        if parts[0] in FOLDER_ALIASES:
+            out.append("/".join([FOLDER_ALIASES[parts[0]]] + parts[1:]))
+        out += ["/".join(parts[1:]), parts[-1]]
+    return list(dict.fromkeys(out))
 
 
 def resolve_under(models_dir: str, relative: str) -> str:
-    """A path inside models_dir; absolute paths and escapes (.., links out) refused."""
+    """The file inside models_dir the main's `relative` names (candidates() in order);
+    absolute paths, '..' and links that lead out of the folder are refused."""
     if not relative or os.path.isabs(relative) or "\\" in relative or \
             ".." in relative.split("/"):
         raise PlacementError(f"model path {relative!r} must be relative to the worker's "
                              f"models folder, without '..'")
+    if not relative.lower().endswith(SUFFIXES):
+        raise PlacementError(f"model path {relative!r}: remote ranges read .safetensors and "
+                             f".gguf files only")
     root = os.path.realpath(models_dir)
-    path = os.path.realpath(os.path.join(root, relative))
-    if os.path.commonpath([root, path]) != root:
-        raise PlacementError(f"model path {relative!r} leaves the worker's models folder")
-    if not path.lower().endswith(".safetensors"):
-        raise PlacementError(f"model path {relative!r}: remote ranges read .safetensors "
-                             f"files only")
-    if not os.path.isfile(path):
-        raise PlacementError(f"model file {relative!r} not found in the worker's models "
-                             f"folder")
-    return path
+    tried = candidates(relative)
+    for name in tried:
+        path = os.path.realpath(os.path.join(root, name))
+        if not os.path.isfile(path):
+            continue
+        if os.path.commonpath([root, path]) != root:
+            raise PlacementError(f"model path {name!r} leaves the worker's models folder")
+        return path
+    raise PlacementError(f"model file {relative!r} not found in the worker's models folder "
+                         f"(looked for {', '.join(tried)})")
 
 
-def open_safetensors(path: str) -> SafetensorsFile:
+def open_range_file(path: str):
+    """A SafetensorsFile, or a GGUFRangeFile (lookup, read_runs, close, path)."""
+    if _is_gguf(path):
+        return GGUFRangeFile(path)
     if not path.lower().endswith(".safetensors"):
         raise PlacementError(f"{os.path.basename(path)}: remote ranges read .safetensors "
-                             f"files only")
+                             f"and .gguf files only")
     return SafetensorsFile(path)
 
 
+open_safetensors = open_range_file          # the name remote.py calls it by
+
+
 def header_digest(path: str) -> str:
+    """safetensors: the length and the JSON header; GGUF: every byte before the tensor
+    data (key/values and the tensor table)."""
     with open(path, "rb") as fh:
+        if _is_gguf(path):
+            from .ggufrange import read_table
+            _, data_offset = read_table(path)
+            return hashlib.sha256(fh.read(data_offset)).hexdigest()
         head = fh.read(8)
         (n,) = struct.unpack("<Q", head)
         return hashlib.sha256(head + fh.read(n)).hexdigest()
 
 
-def read_tensor(wf: SafetensorsFile, key: str) -> torch.Tensor:
+def read_tensor(wf, key: str) -> torch.Tensor:
     entry = wf.lookup(key)
     if entry is None:
         raise PlacementError(f"{os.path.basename(wf.path)} has no tensor {key!r}")
+    if isinstance(wf, GGUFRangeFile):
+        return wf.read_value(key)
     dtype, shape, offset, nbytes = entry
     buf = torch.empty(nbytes, dtype=torch.uint8)
     wf.read_runs([(offset, 0, nbytes)], buf)
     return buf.view(dtype).reshape(shape)
 
 
-def range_digest(wf: SafetensorsFile, keys: Iterable[str],
-                 loaded: Dict[str, torch.Tensor] = None) -> str:
-    """Over the file's bytes of these keys; `loaded` (key -> tensor) avoids a second read."""
+def range_digest(wf, keys: Iterable[str], loaded: Dict[str, torch.Tensor] = None) -> str:
+    """Over the bytes of these keys' values (the file's bytes; a GGUF BF16 vector's exact
+    float32 form); `loaded` (key -> tensor) avoids a second read."""
     h = hashlib.sha256()
     for key in sorted(set(keys)):
         t = loaded[key] if loaded is not None and key in loaded else read_tensor(wf, key)
         h.update(key.encode() + b"\0")
-        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                 .numpy().tobytes())
     return h.hexdigest()
 
 

@@ -40,7 +40,14 @@ class RemoteRange:
                  builder: Optional[Tuple[str, dict]] = None,
                  block_names: Optional[Sequence[str]] = None, release: bool = True,
                  chain: bool = True, timeout_s: Optional[float] = None,
-                 remote_file: Optional[str] = None):
+                 remote_file: Optional[str] = None,
+                 inputs: Optional[Callable[[tuple, dict], Tuple[tuple, dict]]] = None,
+                 local_name: Optional[str] = None):
+        """`inputs(args, kwargs) -> (args, kwargs)`: what of a block call crosses the wire
+        (an adapter drops its own bookkeeping there, e.g. ComfyUI's transformer_options
+        callables; runtime/comfy/worker_ranges.py), applied before each remote call.
+        `local_name`: the plan's name of the device the activations come from (its stats'
+        links; default: the torch device they are on)."""
         if not isinstance(worker, RemoteDevice):
             raise PlacementError(f"worker must be a remote device from a Cluster, e.g. "
                                  f"cluster['w1.cpu'], not {worker!r}")
@@ -59,13 +66,14 @@ class RemoteRange:
         self.key_map = key_map or (lambda name: name)
         self.builder_desc = builders.describe_module(module, builder)
         self.release = release
+        self.inputs = inputs
         self.timeout_s = float(timeout_s or worker.timeout_s)
         self._range_id = None
         self._forwards: List[object] = []
         self._released: List[tuple] = []
         self._keys: Dict[str, str] = {}
         self._counts = {"hops": 0, "round_trips": 0, "to": 0, "back": 0, "forwards": 0}
-        self._local = None
+        self._local = local_name
         self._calls = RangeCalls([n for n, _ in self.range], chain, self._remote)
         after = found[last + 1][1] if last + 1 < len(found) else None
         self._checkpoints = [m for m in (after, module) if m is not None]
@@ -166,6 +174,8 @@ class RemoteRange:
         return out
 
     def _call(self, k: int, *args, **kwargs):
+        if self.inputs is not None:
+            args, kwargs = self.inputs(args, kwargs)
         skeleton, tensors = flatten((args, kwargs))
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             raise PlacementError("remote block ranges run inference only (no gradients "

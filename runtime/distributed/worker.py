@@ -25,6 +25,7 @@ from .auth import refuse, worker_handshake, worker_hello
 from .chain import run_chain
 from .builder import DEFAULT_ALLOWED
 from .loaded import LoadedRange
+from .offered import OfferedDevices
 
 HANDSHAKE_TIMEOUT_S = 5.0     # a main process on any sane network proves itself in far less
 MAIN_TIMEOUT_S = 30.0         # a Cluster sends a heartbeat at least every quarter of this
@@ -42,13 +43,6 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def _devices() -> list:
-    from ...placement.detect import torch_devices
-    return [{"name": d.name, "kind": d.kind, "total_bytes": d.total_bytes,
-             "free_bytes": d.free_bytes, "description": d.description}
-            for d in torch_devices()]
-
-
 class _Silent(Exception):
     """The main process sent nothing, not even a heartbeat, for main_timeout_s."""
 
@@ -57,8 +51,10 @@ class Worker:
     def __init__(self, host: str, port: int, models_dir: str, secret: bytes,
                  allowed: Sequence[str] = DEFAULT_ALLOWED,
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
-                 main_timeout_s: float = MAIN_TIMEOUT_S, max_pending: int = MAX_PENDING):
+                 main_timeout_s: float = MAIN_TIMEOUT_S, max_pending: int = MAX_PENDING,
+                 simulate: Optional[str] = None):
         self.models_dir, self.secret, self.allowed = models_dir, secret, tuple(allowed)
+        self.offered = OfferedDevices(simulate)
         self.handshake_timeout_s, self.main_timeout_s = handshake_timeout_s, main_timeout_s
         self.max_pending = max_pending
         self._state = threading.Condition()
@@ -144,7 +140,8 @@ class Worker:
             return
         try:
             worker_hello(sock, self.secret, nonce,
-                         {"devices": _devices(), "main_timeout_s": self.main_timeout_s},
+                         {"devices": self.offered.hello(),
+                          "main_timeout_s": self.main_timeout_s},
                          time.monotonic() + self.main_timeout_s)
             self._session(sock, peer)
         finally:
@@ -190,12 +187,17 @@ class Worker:
                     continue
                 try:
                     if op == "load":
-                        ranges[int(request["range"])] = r = LoadedRange(
-                            request, self.models_dir, self.allowed)
+                        r = LoadedRange(self.offered.load_request(request), self.models_dir,
+                                        self.allowed)
+                        self.offered.admit(request, r.nbytes)
+                        ranges[int(request["range"])] = r
+                        as_ = f" for simulated {request.get('device')}" \
+                            if self.offered.simulated is not None else ""
                         _log(f"loaded {request['file']} blocks {request['blocks'][0]}.."
-                             f"{request['blocks'][-1]} ({r.nbytes} bytes) on {r.device}")
+                             f"{request['blocks'][-1]} ({r.nbytes} bytes) on {r.device}{as_}")
                     elif op == "unload":
                         ranges.pop(int(request["range"]), None)
+                        self.offered.release(int(request["range"]))
                     else:
                         raise PlacementError(f"unknown request {op!r}")
                     wire.send_message(sock, {"ok": True})
@@ -212,6 +214,7 @@ class Worker:
             _log(f"{peer} lost: {exc}")
         finally:
             ranges.clear()
+            self.offered.release_all()
             if group is not None:
                 groups.close_group(group)
 
@@ -251,7 +254,8 @@ class Worker:
 
 def serve(listen: str, models_dir: str, secret: bytes, allowed: Sequence[str],
           handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
-          main_timeout_s: float = MAIN_TIMEOUT_S, max_pending: int = MAX_PENDING) -> None:
+          main_timeout_s: float = MAIN_TIMEOUT_S, max_pending: int = MAX_PENDING,
+          simulate: Optional[str] = None) -> None:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise PlacementError(f"invalid --listen {listen!r}; expected HOST:PORT, e.g. "
@@ -262,4 +266,4 @@ def serve(listen: str, models_dir: str, secret: bytes, allowed: Sequence[str],
         raise PlacementError("--handshake-timeout and --main-timeout must be positive "
                              "seconds, --max-pending at least 1")
     Worker(host.strip("[]"), int(port), models_dir, secret, allowed, handshake_timeout_s,
-           main_timeout_s, max_pending).serve_forever()
+           main_timeout_s, max_pending, simulate).serve_forever()

@@ -21,13 +21,13 @@ SECRET_ENV = "CP_TEST_DISTRIBUTED_SECRET"
 
 
 class WorkerProcess:
-    def __init__(self, models, tmp_path, secret="loopback-secret", name="w"):
+    def __init__(self, models, tmp_path, secret="loopback-secret", name="w", extra=()):
         env = dict(os.environ, **{SECRET_ENV: secret})
         self.name = name
         self.log = open(tmp_path / f"{name}.log", "w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "comfyui_placement", "worker", "--listen", "127.0.0.1:0",
-             "--models", str(models), "--secret-env", SECRET_ENV],
+             "--models", str(models), "--secret-env", SECRET_ENV, *extra],
             stdout=subprocess.PIPE, stderr=self.log, env=env, text=True)
         ready, _, _ = select.select([self.proc.stdout], [], [], 60)
         line = self.proc.stdout.readline() if ready else ""
@@ -294,7 +294,9 @@ def test_a_plan_gives_a_range_to_a_worker(tmp_path, workers):
     from comfyui_placement.runtime.distributed import Cluster, place_remote
     model, inp, models, path = flux(tmp_path, seed=2)
     expected = run(model, inp)
-    w = workers(models)
+    # the worker offers as much host memory as the local side: a split in proportion to
+    # room, whatever the machine running the test has (a 128 GiB host gave cpu nothing)
+    w = workers(models, extra=("--simulate", "cpu=8GiB"))
     snap = snapshot(model)
     with Cluster(f"w1={w.address}", secret=b"loopback-secret", timeout_s=30) as cluster:
         inv = with_remote(Inventory.simulated("cpu=8GiB"), cluster.devices())
@@ -365,7 +367,9 @@ def test_place_runs_a_worker_range_as_a_stage(tmp_path, workers, case):
         assert_restored(model, snap)
         return
     assert stats["remote_ranges"] == {"w1.cpu": [2, 3]}
-    assert set(stats["links"]) == {"cpu->w1.cpu", "w1.cpu->cpu"}
+    # named as the plan names the device the activations come from (cuda0 precedes the
+    # range in every case: in the local split it holds blocks 0-1), not as torch's cpu
+    assert set(stats["links"]) == {"cuda0->w1.cpu", "w1.cpu->cuda0"}
     assert stats["round_trips"] == 2 + 1 + 1        # learning forward block by block, then chained
     if case == "local split":
         assert stats["ranges"] == {"cuda0": [0, 1], "cuda1": [2, 3]}   # local block indices
@@ -597,3 +601,25 @@ def test_lost_worker_beside_a_streaming_local_stage_is_one_error(tmp_path, worke
     assert threading.active_count() == threads
     assert_restored(model, snap)
     assert torch.equal(run(model, inp), expected)
+
+
+def test_a_worker_offers_a_simulated_gpu_and_refuses_a_range_past_its_capacity(tmp_path,
+                                                                              workers):
+    """worker --simulate: a GPU this machine lacks, computing on its cpu; a range bigger
+    than the simulated device is refused as its memory would refuse it, in one line."""
+    from comfyui_placement.runtime.distributed import Cluster, remote_range
+    model, inp, models, path = flux(tmp_path, seed=4)
+    expected = run(model, inp)
+    w = workers(models, extra=("--simulate", "cuda0=200KiB,cpu=8GiB"))
+    with Cluster(f"w1={w.address}", secret=b"loopback-secret", timeout_s=30) as cluster:
+        (gpu,) = [d for d in cluster.devices() if d.name == "w1.cuda0"]
+        assert gpu.simulated and gpu.kind == "gpu" and gpu.total_bytes == 200 << 10
+        with remote_range(model, (4, 5), cluster["w1.cuda0"], str(path)):
+            assert torch.equal(run(model, inp), expected)
+        with pytest.raises(PlacementError, match="out of memory on simulated cuda0") as err:
+            with remote_range(model, (0, 5), cluster["w1.cuda0"], str(path)):
+                pass
+        assert "\n" not in str(err.value)
+        with remote_range(model, (3, 5), cluster["w1.cuda0"], str(path)):   # freed again
+            assert torch.equal(run(model, inp), expected)
+    assert "for simulated cuda0" in w.logs()
