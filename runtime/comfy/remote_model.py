@@ -82,9 +82,15 @@ def remote_options(model, weights_file: str, models_root: Optional[str] = None) 
               "dtype": _dtype_name(config.unet_config.get("dtype")),
               "manual_cast_dtype": _dtype_name(base.manual_cast_dtype),
               "operations": operations_of(dm)}
-    return {"builder": (TARGET, kwargs, {"file_arg": "file"}),
-            "remote_file": models_relative(weights_file, models_root),
-            "key_map": file_key_map(weights_file, dm), "weights_file": weights_file}
+    out = {"builder": (TARGET, kwargs, {"file_arg": "file"}),
+           "remote_file": models_relative(weights_file, models_root),
+           "key_map": file_key_map(weights_file, dm), "weights_file": weights_file}
+    units = layer_blocks(dm)
+    if units is not None:     # a UNet: a block's range runs as the layers its loop calls
+        from ..blocks import find_blocks
+        out["units"] = {n: [u for u in units if u == n or u.startswith(n + ".")]
+                        for n, _ in find_blocks(dm)}
+    return out
 
 
 def operations_of(dm: nn.Module):

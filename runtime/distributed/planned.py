@@ -92,6 +92,10 @@ class RemoteStages:
         self.block_names = blocks
         self.cluster, self.file = cluster, weights_file
         self.key_map = key_mapper(key_map)
+        # {block: [the names the model's loop calls]}: where a model calls a block's
+        # layers itself (ComfyUI's UNet), a range runs as those layers
+        self.units = options.pop("units", None)
+        self.names = names
         self.remote_options = {k: options.pop(k) for k in REMOTE_OPTIONS if k in options}
         self.local_options = dict(options, key_map=key_map)
         if comp.params == "disk":
@@ -109,9 +113,13 @@ class RemoteStages:
         self._stack = ExitStack()
         try:
             for device, (first, last) in self.remote_ranges.items():
+                span, names = (first, last), self.block_names
+                if self.units is not None:
+                    names = [u for n in self.names[first:last + 1] for u in self.units[n]]
+                    span = (0, len(names) - 1)
                 self.opened.append(self._stack.enter_context(remote_range(
-                    self.module, (first, last), self.cluster[device], self.file,
-                    key_map=self.key_map, block_names=self.block_names,
+                    self.module, span, self.cluster[device], self.file,
+                    key_map=self.key_map, block_names=names,
                     local_name=self.sources[device], **self.remote_options)))
             self.local = self._stack.enter_context(place(
                 self.module, self.local_plan, self.component, self.inventory,

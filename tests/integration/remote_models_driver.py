@@ -175,6 +175,7 @@ def range_case(cluster, files, key, worker, blocks, patch=None):
     snap = snapshot(dm)
     opts = remote_options(patcher, rec["diffusion_file"] or files[key])
     path = opts.pop("weights_file")
+    opts.pop("units", None)            # place()'s: a bare remote_range is given the layers
     target, kwargs, extra = opts["builder"]
     if patch is not None:
         kwargs = patch(json.loads(json.dumps(kwargs)))
@@ -286,6 +287,8 @@ def main():
                                                         patch=other_dequant)
             inv = with_remote(Inventory.simulated("cuda0=256MiB,cpu=8GiB"), cluster.devices())
             RESULTS["place_flux1"] = guarded(place_case, cluster, files, "flux1", inv)
+            # a UNet: the plan's blocks run as the layers its loop calls (units)
+            RESULTS["place_sd15"] = guarded(place_case, cluster, files, "sd15_ckpt", inv)
     except Exception:
         RESULTS["errors"].append(traceback.format_exc())
     finally:

@@ -90,6 +90,15 @@ def test_place_runs_the_worker_stage_from_remote_options(results):
     assert rec["equal"] and rec["restored"]
 
 
+def test_place_runs_a_unets_blocks_as_the_layers_its_loop_calls(results):
+    """ComfyUI's UNet calls each block's layers itself: the plan's blocks 1-2 run on the
+    worker as their layers (remote_options' units), equal to the local run."""
+    rec = ran(results["place_sd15"])
+    assert rec["stats"]["remote_ranges"] == {"w1.cpu": [1, 2]}
+    assert rec["stats"]["round_trips"] > 0
+    assert rec["equal"] and rec["restored"]
+
+
 def test_worker_builds_on_the_meta_device(results):
     assert results["built_on_meta"] is True
 
