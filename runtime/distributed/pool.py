@@ -11,6 +11,7 @@ environment only (COMFYUI_PLACEMENT_SECRET): never from a workflow or a plan.
 import atexit
 import hashlib
 import threading
+import time
 from typing import Dict, List, Optional, Tuple
 
 from ...placement.errors import PlacementError
@@ -22,8 +23,13 @@ CONNECT_TIMEOUT_S = 5.0        # an unreachable worker costs a prompt at most th
 STEP_TIMEOUT_S = 120.0         # one step's exchange with a worker, compute included
 LOAD_TIMEOUT_S = 600.0         # a worker reading its range from its disk
 
+# a worker that could not be joined is not asked again for this long: queueing a prompt
+# validates it, then executes it, and each would wait on the same dead address
+RETRY_AFTER_S = 10.0
+
 _lock = threading.Lock()
 _joined: Dict[Tuple[str, str, int, str], Cluster] = {}
+_refused: Dict[Tuple[str, str, int, str], Tuple[float, str]] = {}
 
 
 class Workers:
@@ -97,6 +103,10 @@ def join_workers(text: str, secret: Optional[bytes] = None,
                 _joined.pop(key).close()          # lost earlier: connect again
                 cluster = None
             if cluster is None:
+                seen = _refused.get(key)
+                if seen is not None and time.monotonic() - seen[0] < RETRY_AFTER_S:
+                    unreachable[alias] = seen[1]
+                    continue
                 try:
                     cluster = Cluster({alias: f"{host}:{port}"}, secret=secret,
                                       timeout_s=STEP_TIMEOUT_S,
@@ -104,7 +114,9 @@ def join_workers(text: str, secret: Optional[bytes] = None,
                                       load_timeout_s=LOAD_TIMEOUT_S)
                 except PlacementError as exc:
                     unreachable[alias] = f"{exc}".splitlines()[0]
+                    _refused[key] = (time.monotonic(), unreachable[alias])
                     continue
+                _refused.pop(key, None)
                 _joined[key] = cluster
             joined[alias] = cluster
     return Workers(text, joined, unreachable)
@@ -124,5 +136,6 @@ def forget(workers: Workers) -> None:
 def close_all() -> None:
     """Leave every worker (it drops its ranges and serves the next main)."""
     with _lock:
+        _refused.clear()
         while _joined:
             _joined.popitem()[1].close()

@@ -1154,6 +1154,10 @@ async def main():
                                   nodes.NODE_CLASS_MAPPINGS[n].INPUT_TYPES().items()
                                   if isinstance(v, dict)}
                               for n in PACK_NODE_IDS if n in nodes.NODE_CLASS_MAPPINGS}
+    # the widgets' order, which a saved workflow's widgets_values follow
+    RESULTS["input_order"] = {n: [k for v in nodes.NODE_CLASS_MAPPINGS[n].INPUT_TYPES().values()
+                                  if isinstance(v, dict) for k in v]
+                              for n in PACK_NODE_IDS if n in nodes.NODE_CLASS_MAPPINGS}
     RESULTS["dynamic_vram"] = bool(getattr(comfy.memory_management, "aimdo_enabled", False)) \
         if hasattr(comfy, "memory_management") else None
 

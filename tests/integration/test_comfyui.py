@@ -59,6 +59,10 @@ def test_node_inputs_and_web_directory(results):
         "backend", "params_backend", "max_vram", "split_mode", "stream_layers", "auto_fit",
         "offload_mode", "offload_to_cpu", "clip_on_cpu", "vae_on_cpu", "control_net_cpu",
         "strict"}
+    # inputs added later are optional and last: workflows saved before them load unchanged
+    order = results["input_order"]["PlacementBackendAssignment"]
+    assert order[-2:] == ["lora_mode", "workers"], order
+    assert results["input_order"]["PlacementDevices"] == ["workers"]
 
 
 def test_devices_node_shows_inventory(results):

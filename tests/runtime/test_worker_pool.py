@@ -80,3 +80,37 @@ def test_a_lost_worker_is_joined_again(worker):
     while worker.logs().count("joined; rank 1") < 2 and time.time() < deadline:
         time.sleep(0.1)
     assert worker.logs().count("joined; rank 1") == 2
+
+
+def test_a_refused_worker_is_not_asked_again_at_once(monkeypatch):
+    """Validation and execution of one prompt would each wait on the same dead worker:
+    a refusal is remembered for RETRY_AFTER_S."""
+    import threading
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted = []
+
+    def serve():                       # not a worker: accepts and hangs up
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        text = f"w9=127.0.0.1:{port}"
+        first = pool.join_workers(text, secret=b"s", connect_timeout_s=3)
+        again = pool.join_workers(text, secret=b"s", connect_timeout_s=3)
+        assert first.unreachable["w9"] == again.unreachable["w9"]
+        assert len(accepted) == 1
+        monkeypatch.setattr(pool, "RETRY_AFTER_S", 0.0)
+        pool.join_workers(text, secret=b"s", connect_timeout_s=3)
+        deadline = time.time() + 5
+        while len(accepted) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        assert len(accepted) == 2
+    finally:
+        listener.close()
+        pool.close_all()
