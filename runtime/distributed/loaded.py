@@ -29,6 +29,7 @@ class LoadedRange:
     def __init__(self, request: dict, models_dir: str, allowed):
         rel = str(request.get("file", ""))
         path = rangefile.resolve_under(models_dir, rel)
+        self.path = path                  # the file found for `rel` (the worker's log)
         if rangefile.identity(path) != {"size": request.get("size"),
                                          "header_sha256": request.get("header_sha256")}:
             raise PlacementError(f"{rel} differs from the main process's copy (size or "

@@ -193,7 +193,7 @@ class Worker:
                         ranges[int(request["range"])] = r
                         as_ = f" for simulated {request.get('device')}" \
                             if self.offered.simulated is not None else ""
-                        _log(f"loaded {request['file']} blocks {request['blocks'][0]}.."
+                        _log(f"loaded {r.path} blocks {request['blocks'][0]}.."
                              f"{request['blocks'][-1]} ({r.nbytes} bytes) on {r.device}{as_}")
                     elif op == "unload":
                         ranges.pop(int(request["range"]), None)
