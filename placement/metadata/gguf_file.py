@@ -12,22 +12,29 @@ PLAIN_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F64": "f64",
 ORIG_SHAPE_KEY = "comfy.gguf.orig_shape."
 
 
-def read_gguf(path) -> Tuple[List[TensorInfo], Dict[str, str]]:
-    """(tensors, string metadata such as 'general.architecture')."""
+def open_reader(path, label=None):
+    """gguf.GGUFReader over `path` (memory-mapped), or a one-line PlacementError naming
+    the file (`label`, default the path): no gguf package, unreadable, not GGUF."""
     name = os.fspath(path)
+    label = label or name
     try:
         import gguf   # lazy: importing placement must stay light
     except ImportError:
-        raise PlacementError(f"{name}: reading GGUF needs the 'gguf' package "
+        raise PlacementError(f"{label}: reading GGUF needs the 'gguf' package "
                              f"(pip install gguf)") from None
     try:
-        reader = gguf.GGUFReader(name, "r")
+        return gguf.GGUFReader(name, "r")
     except OSError as e:
         raise PlacementError(f"cannot read {name}: {e.strerror or e}") from None
     except Exception as e:  # the reader raises whatever numpy/struct raise on bad files
         detail = (str(e).splitlines() or [""])[0][:120]
-        raise PlacementError(f"{name}: not a readable GGUF file ({type(e).__name__}: {detail})"
-                             ) from None
+        raise PlacementError(f"{label}: not a readable GGUF file ({type(e).__name__}: "
+                             f"{detail})") from None
+
+
+def read_gguf(path) -> Tuple[List[TensorInfo], Dict[str, str]]:
+    """(tensors, string metadata such as 'general.architecture')."""
+    reader = open_reader(path)
     try:
         meta = _string_fields(reader)
         tensors = []
@@ -43,7 +50,8 @@ def read_gguf(path) -> Tuple[List[TensorInfo], Dict[str, str]]:
                                       None if plain else qname))
         return tensors, meta
     except Exception as e:
-        raise PlacementError(f"{name}: bad GGUF tensor table ({type(e).__name__})") from None
+        raise PlacementError(f"{os.fspath(path)}: bad GGUF tensor table "
+                             f"({type(e).__name__})") from None
     finally:
         del reader          # drops the memory map
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ...placement.errors import PlacementError
+from ...placement.metadata.gguf_file import open_reader
 from ..gguf.reader import ORIG_SHAPE_KEY
 from ..weightfile import WeightFile
 
@@ -40,19 +41,7 @@ class RangeTensor(NamedTuple):
 
 def read_table(path: str) -> Tuple[Dict[str, RangeTensor], int]:
     """The file's tensors and where their data starts (the end of the header)."""
-    try:
-        import gguf
-    except ImportError:
-        raise PlacementError(f"{os.path.basename(path)}: reading GGUF needs the 'gguf' "
-                             f"package (pip install gguf)") from None
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except OSError as e:
-        raise PlacementError(f"cannot read {path}: {e.strerror or e}") from None
-    except Exception as e:       # the reader raises what numpy/struct raise on bad files
-        detail = (str(e).splitlines() or [""])[0][:120]
-        raise PlacementError(f"{os.path.basename(path)}: not a readable GGUF file "
-                             f"({type(e).__name__}: {detail})") from None
+    reader = open_reader(path, os.path.basename(path))
     try:
         size, table = os.path.getsize(path), {}
         for t in reader.tensors:

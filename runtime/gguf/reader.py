@@ -10,6 +10,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
 import torch
 
 from ...placement.errors import PlacementError
+from ...placement.metadata.gguf_file import open_reader
 from .types import ggml_type
 
 # city96's ComfyUI-GGUF converter stores the torch shape of tensors it had to reshape.
@@ -33,19 +34,7 @@ class GGUFTensors:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        try:
-            import gguf
-        except ImportError:
-            raise PlacementError(f"{self.path}: reading GGUF needs the 'gguf' package "
-                                 f"(pip install gguf)") from None
-        try:
-            reader = gguf.GGUFReader(self.path, "r")
-        except OSError as e:
-            raise PlacementError(f"cannot read {self.path}: {e.strerror or e}") from None
-        except Exception as e:      # the reader raises what numpy/struct raise on bad files
-            detail = (str(e).splitlines() or [""])[0][:120]
-            raise PlacementError(f"{self.path}: not a readable GGUF file "
-                                 f"({type(e).__name__}: {detail})") from None
+        reader = open_reader(self.path)
         try:
             self.tensors: Dict[str, GGUFTensor] = {}
             for t in reader.tensors:
