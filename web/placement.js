@@ -241,6 +241,11 @@ function addView(node) {
   });
   widget.serialize = false;              // never in the workflow's widgets_values
   st.widget = widget;
+  // the classic canvas hides the view of a node off screen, and a hidden view has no
+  // height to fit to: one rendered meanwhile (a run's output) is fitted when it shows
+  if (typeof ResizeObserver === "function") {
+    new ResizeObserver(() => { if (st.unfitted && el.scrollHeight) fit(node); }).observe(el);
+  }
   render(node);
   return widget;
 }
@@ -359,6 +364,7 @@ function fit(node) {
   requestAnimationFrame(() => {
     const el = st.el;
     const h = el?.scrollHeight ?? 0;
+    st.unfitted = !h;                    // hidden: fitted again when it shows (addView)
     if (!h) return;
     st.height = h + 4;
     const need = node.computeSize?.()?.[1];
@@ -541,6 +547,10 @@ app.registerExtension({
       // widget value; the widgets are the schema's again, so drop it quietly
       const r = onConfigure?.apply(this, arguments);
       this.widgets = (this.widgets ?? []).filter((w) => w.name !== "placement_plan");
+      // that value came last, where the optional `workers` input is now, so it lands in
+      // workers: a report of several lines, where workers is one (ALIAS=HOST:PORT,...)
+      const workers = this.widgets.find((w) => w.name === "workers");
+      if (typeof workers?.value === "string" && workers.value.includes("\n")) workers.value = "";
       render(this);
       return r;
     };

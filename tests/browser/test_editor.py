@@ -2,18 +2,24 @@
 picker writes the grammar, the plan is drawn before and after a run, a bad spec is a
 node error naming the fault, a fallback raises one toast and marks the node."""
 import json
+import os
 import time
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from browser_support import get_json  # noqa: E402
+from browser_support import free_port, get_json  # noqa: E402
+
+# The test server (a session fixture, started after collection) inherits this process's
+# environment. With the shared secret set, a named worker nobody runs is "cannot
+# connect"; without it the pool says "no shared secret" before it tries to connect.
+os.environ.setdefault("COMFYUI_PLACEMENT_SECRET", "placement-browser-tests")
 
 BASE_INPUTS = {"backend": "", "params_backend": "", "max_vram": "", "split_mode": "",
                "stream_layers": False, "auto_fit": False, "offload_mode": "auto",
                "offload_to_cpu": False, "clip_on_cpu": False, "vae_on_cpu": False,
-               "control_net_cpu": False, "strict": False, "lora_mode": "auto"}
+               "control_net_cpu": False, "strict": False, "lora_mode": "auto", "workers": ""}
 
 
 def api_prompt(backend="vae=cpu,diffusion=cuda0", strict=False, **extra):
@@ -318,26 +324,54 @@ def test_auto_fit_plan_is_drawn_per_device_and_phase(page):
 
 def test_old_workflows_still_load(page):
     """A workflow saved with the old plan text box: its value trails the schema's widget
-    values (Backend Assignment) or is the only one (Apply Placement)."""
+    values (Backend Assignment) or is the only one (Apply Placement, Placement Devices);
+    it lands where the optional `workers` input is now, and is dropped. A workflow saved
+    after the text box went but before `workers` existed loads with workers empty."""
     from pathlib import Path
     path = Path(__file__).resolve().parents[2] / "example_workflows" / "layer_split_two_gpus.json"
-    workflow = json.loads(path.read_text())
+    saved = json.loads(path.read_text())
+    before_workers = next(n["widgets_values"] for n in saved["nodes"]
+                          if n["type"] == "PlacementBackendAssignment")
+    # the schema's widgets in order, as a workflow saved before `workers` lists them
+    order = ["backend", "params_backend", "max_vram", "split_mode", "stream_layers",
+             "auto_fit", "offload_mode", "offload_to_cpu", "clip_on_cpu", "vae_on_cpu",
+             "control_net_cpu", "strict", "lora_mode"]
+    assert len(before_workers) == len(order), before_workers
+    expected = {**dict(zip(order, before_workers)), "workers": ""}
     old_text = "placement plan (schema v1)\n\ncomponent  runtime ..."
+    workflow = json.loads(path.read_text())
     for node in workflow["nodes"]:
         if node["type"] == "PlacementBackendAssignment":
             node["widgets_values"] = list(node["widgets_values"]) + [old_text]
         if node["type"] == "PlacementApply":
             node["widgets_values"] = [old_text]
-    page.evaluate("(w) => window.__app.loadGraphData(w, true, true, 'old')", workflow)
-    page.wait_for_timeout(600)
-    sent = page.evaluate("async () => (await window.__app.graphToPrompt())")
-    text = json.dumps(sent)
-    assert "schema v1" not in text
-    assign = next(n for n in sent["output"].values()
-                  if n["class_type"] == "PlacementBackendAssignment")
-    assert assign["inputs"]["backend"] == "te=cpu,diffusion=cuda0&cuda1"
-    assert assign["inputs"]["split_mode"] == "layer"
-    assert set(assign["inputs"]) <= set(BASE_INPUTS)
+    # Placement Devices, as saved then: no input, the text box's value alone
+    workflow["nodes"].append({
+        "id": 900, "type": "PlacementDevices", "pos": [0, 1200], "size": [400, 150],
+        "flags": {}, "order": len(workflow["nodes"]), "mode": 0, "inputs": [],
+        "outputs": [{"name": "devices", "type": "STRING", "links": None}],
+        "properties": {}, "widgets_values": [old_text]})
+    for label, graph in (("with the old text box", workflow), ("before workers", saved)):
+        page.evaluate("(w) => window.__app.loadGraphData(w, true, true, 'old')", graph)
+        page.wait_for_timeout(600)
+        sent = page.evaluate("async () => (await window.__app.graphToPrompt())")
+        text = json.dumps(sent)
+        assert "schema v1" not in text, label
+        assign = next(n for n in sent["output"].values()
+                      if n["class_type"] == "PlacementBackendAssignment")
+        assert assign["inputs"]["backend"] == "te=cpu,diffusion=cuda0&cuda1"
+        assert assign["inputs"]["split_mode"] == "layer"
+        assert set(assign["inputs"]) <= set(BASE_INPUTS)
+        # every widget in its place, workers empty (in the prompt and on the node)
+        assert assign["inputs"] == expected, (label, assign["inputs"])
+        widgets = page.evaluate("""() => window.__app.graph._nodes.filter((n) =>
+            n.comfyClass === 'PlacementBackendAssignment' || n.comfyClass === 'PlacementDevices')
+            .map((n) => [n.comfyClass, n.widgets.find((w) => w.name === 'workers')?.value])""")
+        assert widgets and all(v == "" for _, v in widgets), (label, widgets)
+        if graph is workflow:
+            devices = next(n for n in sent["output"].values()
+                           if n["class_type"] == "PlacementDevices")
+            assert devices["inputs"].get("workers", "") == "", devices
 
 
 def test_measured_figures_appear_after_a_run_and_agree_with_the_log(page, server):
@@ -415,3 +449,91 @@ def test_a_reloaded_page_shows_the_plan_again_after_a_cached_run(page):
         page.shots.joinpath(shot).write_bytes(page.screenshot())
         shown = view(page, t)
         assert shown["visible"] and "diffusion: runs on cuda0" in shown["text"], (t, shown)
+
+
+def unreachable_worker():
+    """`w1=127.0.0.1:PORT` with a port nothing listens on (bound once, then closed): the
+    server's connect is refused at once."""
+    return f"w1=127.0.0.1:{free_port()}"
+
+
+def test_an_unreachable_worker_is_one_line_and_the_run_goes_on(page, server):
+    """strict off: the node says which worker it could not join and plans without it
+    (the line in Backend Assignment and in Apply Placement); the run succeeds; the
+    device picker, asked for the node's workers, says the same and offers no w1 device."""
+    workers = unreachable_worker()
+    where = f"worker w1 ({workers.split('=', 1)[1]})"
+    load(page, api_prompt(workers=workers, strict=False))
+    nid = node_of(page, "PlacementBackendAssignment")
+    sent = graph_prompt(page)["output"][str(nid)]["inputs"]
+    assert sent["workers"] == workers and sent["strict"] is False, sent
+    run = queue(page, timeout=120)
+    assert run["ok"], run["events"][-3:]
+    page.wait_for_timeout(600)
+    for t, shot in (("PlacementBackendAssignment", "15_worker_unreachable_assignment.png"),
+                    ("PlacementApply", "16_worker_unreachable_apply.png")):
+        focus(page, t)
+        page.shots.joinpath(shot).write_bytes(page.screenshot())
+        notices = page.evaluate("""(t) => { const n = window.__app.graph._nodes.find(
+            (n) => n.comfyClass === t);
+            return [...n.__placement.el.querySelectorAll('.pl-warn.pl-notice')]
+                .map((e) => e.innerText); }""", t)
+        mine = [n for n in notices if "worker w1" in n]
+        assert len(mine) == 1, (t, notices)
+        assert where in mine[0] and "cannot connect" in mine[0], (t, mine)
+        assert mine[0].rstrip().endswith("planned without it"), (t, mine)
+        shown = view(page, t)
+        assert shown["visible"] and mine[0] in shown["text"], (t, shown)
+        assert "diffusion: runs on cuda0" in shown["text"], (t, shown)
+        assert not shown["clipped"], f"{t}: the node did not grow to show its whole view"
+    # the picker asks GET /placement/devices?workers=<the node's workers>
+    focus(page, "PlacementBackendAssignment")
+    page.locator(f".placement-view[data-node-id='{nid}'] .pl-pick").click()
+    page.wait_for_selector("#placement-picker .placement-pick-worker", timeout=15000)
+    lines = page.locator("#placement-picker .placement-pick-worker").all_inner_texts()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(where) and "cannot connect" in lines[0], lines
+    assert " joined: " not in lines[0], lines
+    choices = page.evaluate("""() => [...document.querySelectorAll(
+        '#placement-picker select option')].map((o) => o.value)""")
+    assert "cuda0" in choices and not [c for c in choices if "w1." in c], choices
+    page.shots.joinpath("17_picker_worker_unreachable.png").write_bytes(page.screenshot())
+    box = page.evaluate("""() => { const d = document.getElementById('placement-picker');
+        const r = d.getBoundingClientRect(); const l = d.querySelector('.placement-pick-worker')
+        .getBoundingClientRect();
+        return {inside: l.left >= r.left && l.right <= r.right && l.bottom <= r.bottom,
+                onscreen: r.left >= 0 && r.right <= innerWidth && r.bottom <= innerHeight}; }""")
+    assert box["inside"] and box["onscreen"], box
+    page.locator("#placement-picker button", has_text="Cancel").click()
+
+
+def test_an_unreachable_worker_with_strict_is_one_clear_error(page, server):
+    """strict on: queueing is refused with one node error on Backend Assignment that
+    names the workers input and the worker it cannot connect to."""
+    workers = unreachable_worker()
+    prompt = api_prompt(workers=workers, strict=True)
+    load(page, prompt)
+    page.evaluate("() => window.__app.queuePrompt(0, 1).catch(() => null)")
+    nid = node_of(page, "PlacementBackendAssignment")
+    page.wait_for_function("""(id) => window.comfyPlacement.state(
+        window.__app.graph.getNodeById(id)).shown?.errors?.length > 0""", arg=nid,
+        timeout=15000)
+    focus(page, "PlacementBackendAssignment")
+    page.wait_for_timeout(300)
+    page.shots.joinpath("18_worker_unreachable_strict.png").write_bytes(page.screenshot())
+    req = urllib_post(server["url"], prompt)
+    assert list(req["node_errors"]) == ["10"], req["node_errors"]
+    errs = req["node_errors"]["10"]["errors"]
+    assert len(errs) == 1, errs
+    details = errs[0]["details"]
+    where = f"worker w1 ({workers.split('=', 1)[1]})"
+    assert "placement error in workers: " in details, details
+    assert where in details and "cannot connect" in details, details
+    assert "planned without it" not in details, details
+    # the editor shows it in the node, once
+    drawn = page.evaluate("""(id) => window.comfyPlacement.state(
+        window.__app.graph.getNodeById(id)).shown.errors""", nid)
+    assert len(drawn) == 1 and "workers" in drawn[0] and "cannot connect" in drawn[0], drawn
+    shown = view(page, "PlacementBackendAssignment")
+    assert shown["visible"] and shown["text"].count("cannot connect") == 1, shown
+    assert not shown["clipped"], "the node did not grow to show its whole view"
