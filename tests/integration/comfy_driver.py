@@ -1155,8 +1155,8 @@ async def main():
                                   if isinstance(v, dict)}
                               for n in PACK_NODE_IDS if n in nodes.NODE_CLASS_MAPPINGS}
     # the widgets' order, which a saved workflow's widgets_values follow
-    RESULTS["input_order"] = {n: [k for v in nodes.NODE_CLASS_MAPPINGS[n].INPUT_TYPES().values()
-                                  if isinstance(v, dict) for k in v]
+    RESULTS["input_order"] = {n: [k for section in ("required", "optional") for k in
+                                  nodes.NODE_CLASS_MAPPINGS[n].INPUT_TYPES().get(section, {})]
                               for n in PACK_NODE_IDS if n in nodes.NODE_CLASS_MAPPINGS}
     RESULTS["dynamic_vram"] = bool(getattr(comfy.memory_management, "aimdo_enabled", False)) \
         if hasattr(comfy, "memory_management") else None
