@@ -6,6 +6,9 @@ import urllib.request
 from pathlib import Path
 
 SHOTS = Path(os.environ.get("PLACEMENT_SCREENSHOTS", Path(__file__).resolve().parent / "screenshots"))
+# ComfyUI's compute flags for the test server (conftest.py); a worker a test starts gets
+# the same (--comfyui-args), so a block range computes there as it does here
+COMFY_FLAGS = ["--cpu"]
 
 
 def free_port() -> int:

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "integration"))
 sys.path.insert(0, str(HERE))
 from harness import COMFYUI_PATH, PACK, REQUIRED, comfy_python  # noqa: E402
-from browser_support import SHOTS, free_port, get_json  # noqa: E402
+from browser_support import COMFY_FLAGS, SHOTS, free_port, get_json  # noqa: E402
 
 CHROMIUM = os.environ.get("PLACEMENT_CHROMIUM", "/usr/bin/chromium")
 NEWEST_FRONTEND = "comfyui-frontend-package==1.58.*"
@@ -125,7 +125,7 @@ def server(frontend):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COMFYUI_PLACEMENT_SIMULATE": SIMULATE,
            "CUDA_VISIBLE_DEVICES": "0"}
     proc = subprocess.Popen(
-        [py, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
+        [py, "main.py", *COMFY_FLAGS, "--listen", "127.0.0.1", "--port", str(port),
          "--base-directory", str(base), "--disable-auto-launch"]
         + ([] if frontend[1] is None else ["--front-end-root", str(frontend[1])]),
         cwd=COMFYUI_PATH, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -28,7 +28,17 @@ import server  # noqa: E402
 RESULTS = {"errors": []}
 SECRET = "integration-secret"
 os.environ["COMFYUI_PLACEMENT_SECRET"] = SECRET          # the main process's, from the env
-PROCS = {}                                               # alias -> worker process
+PROCS = {}                                               # alias -> its latest worker
+STARTED = []                                             # every worker, to stop at the end
+
+
+def _die_with_parent():
+    """Linux: the worker is killed when this driver dies (a timed-out run leaves none)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").prctl(1, 9)          # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
 
 
 class Worker:
@@ -45,7 +55,9 @@ class Worker:
              # the attention the main ComfyUI here runs with (comfy_driver's flags)
              "--comfyui-args=--use-pytorch-cross-attention", *extra],
             stdout=subprocess.PIPE, stderr=self.log, env=env, text=True,
+            preexec_fn=_die_with_parent,
             cwd=os.path.dirname(cd.ARGS.pack.rstrip("/")) or "/")
+        STARTED.append(self)                # stopped at the end even if it never listens
         ready, _, _ = select.select([self.proc.stdout], [], [], 120)
         line = self.proc.stdout.readline() if ready else ""
         if not line.startswith("listening on "):
@@ -235,7 +247,7 @@ async def main():
     try:
         await scenarios(executor, work)
     finally:
-        for w in PROCS.values():
+        for w in STARTED:
             w.kill()
     RESULTS["registered"] = "PlacementTestKillWorker" in nodes.NODE_CLASS_MAPPINGS
 
