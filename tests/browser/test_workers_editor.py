@@ -23,9 +23,10 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "integration"))
-from browser_support import COMFY_FLAGS, get_json  # noqa: E402
+from browser_support import COMFY_FLAGS, free_port, get_json  # noqa: E402
 from harness import COMFYUI_PATH, comfy_python  # noqa: E402
-from test_editor import api_prompt, focus, load, queue, view  # noqa: E402
+from test_editor import (api_prompt, focus, graph_prompt, load, node_of, queue,  # noqa: E402
+                         urllib_post, view)
 
 # The test server (a session fixture, started after collection) inherits this process's
 # environment; the worker is given the same value explicitly (the shared secret).
@@ -161,3 +162,92 @@ def test_a_workflow_with_a_worker_runs_from_the_editor_and_equals_the_local_run(
     focus(page, "PlacementDevices")
     devices = view(page, "PlacementDevices")
     assert f"worker w1 ({worker['address']}) joined: w1.cpu" in devices["text"], devices
+
+
+# an unreachable worker (moved from test_editor.py: two combinations are enough here)
+def unreachable_worker():
+    """`w1=127.0.0.1:PORT` with a port nothing listens on (bound once, then closed): the
+    server's connect is refused at once."""
+    return f"w1=127.0.0.1:{free_port()}"
+
+
+def test_an_unreachable_worker_is_one_line_and_the_run_goes_on(page, server):
+    """strict off: the node says which worker it could not join and plans without it
+    (the line in Backend Assignment and in Apply Placement); the run succeeds; the
+    device picker, asked for the node's workers, says the same and offers no w1 device."""
+    workers = unreachable_worker()
+    where = f"worker w1 ({workers.split('=', 1)[1]})"
+    load(page, api_prompt(workers=workers, strict=False))
+    nid = node_of(page, "PlacementBackendAssignment")
+    sent = graph_prompt(page)["output"][str(nid)]["inputs"]
+    assert sent["workers"] == workers and sent["strict"] is False, sent
+    run = queue(page, timeout=120)
+    assert run["ok"], run["events"][-3:]
+    page.wait_for_timeout(600)
+    for t, shot in (("PlacementBackendAssignment", "15_worker_unreachable_assignment.png"),
+                    ("PlacementApply", "16_worker_unreachable_apply.png")):
+        focus(page, t)
+        page.shots.joinpath(shot).write_bytes(page.screenshot())
+        notices = page.evaluate("""(t) => { const n = window.__app.graph._nodes.find(
+            (n) => n.comfyClass === t);
+            return [...n.__placement.el.querySelectorAll('.pl-warn.pl-notice')]
+                .map((e) => e.innerText); }""", t)
+        mine = [n for n in notices if "worker w1" in n]
+        assert len(mine) == 1, (t, notices)
+        assert where in mine[0] and "cannot connect" in mine[0], (t, mine)
+        assert mine[0].rstrip().endswith("planned without it"), (t, mine)
+        shown = view(page, t)
+        assert shown["visible"] and mine[0] in shown["text"], (t, shown)
+        assert "diffusion: runs on cuda0" in shown["text"], (t, shown)
+        assert not shown["clipped"], f"{t}: the node did not grow to show its whole view"
+    # the picker asks GET /placement/devices?workers=<the node's workers>
+    focus(page, "PlacementBackendAssignment")
+    page.locator(f".placement-view[data-node-id='{nid}'] .pl-pick").click()
+    page.wait_for_selector("#placement-picker .placement-pick-worker", timeout=15000)
+    lines = page.locator("#placement-picker .placement-pick-worker").all_inner_texts()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(where) and "cannot connect" in lines[0], lines
+    assert " joined: " not in lines[0], lines
+    choices = page.evaluate("""() => [...document.querySelectorAll(
+        '#placement-picker select option')].map((o) => o.value)""")
+    assert "cuda0" in choices and not [c for c in choices if "w1." in c], choices
+    page.shots.joinpath("17_picker_worker_unreachable.png").write_bytes(page.screenshot())
+    box = page.evaluate("""() => { const d = document.getElementById('placement-picker');
+        const r = d.getBoundingClientRect(); const l = d.querySelector('.placement-pick-worker')
+        .getBoundingClientRect();
+        return {inside: l.left >= r.left && l.right <= r.right && l.bottom <= r.bottom,
+                onscreen: r.left >= 0 && r.right <= innerWidth && r.bottom <= innerHeight}; }""")
+    assert box["inside"] and box["onscreen"], box
+    page.locator("#placement-picker button", has_text="Cancel").click()
+
+
+def test_an_unreachable_worker_with_strict_is_one_clear_error(page, server):
+    """strict on: queueing is refused with one node error on Backend Assignment that
+    names the workers input and the worker it cannot connect to."""
+    workers = unreachable_worker()
+    prompt = api_prompt(workers=workers, strict=True)
+    load(page, prompt)
+    page.evaluate("() => window.__app.queuePrompt(0, 1).catch(() => null)")
+    nid = node_of(page, "PlacementBackendAssignment")
+    page.wait_for_function("""(id) => window.comfyPlacement.state(
+        window.__app.graph.getNodeById(id)).shown?.errors?.length > 0""", arg=nid,
+        timeout=15000)
+    focus(page, "PlacementBackendAssignment")
+    page.wait_for_timeout(300)
+    page.shots.joinpath("18_worker_unreachable_strict.png").write_bytes(page.screenshot())
+    req = urllib_post(server["url"], prompt)
+    assert list(req["node_errors"]) == ["10"], req["node_errors"]
+    errs = req["node_errors"]["10"]["errors"]
+    assert len(errs) == 1, errs
+    details = errs[0]["details"]
+    where = f"worker w1 ({workers.split('=', 1)[1]})"
+    assert "placement error in workers: " in details, details
+    assert where in details and "cannot connect" in details, details
+    assert "planned without it" not in details, details
+    # the editor shows it in the node, once
+    drawn = page.evaluate("""(id) => window.comfyPlacement.state(
+        window.__app.graph.getNodeById(id)).shown.errors""", nid)
+    assert len(drawn) == 1 and "workers" in drawn[0] and "cannot connect" in drawn[0], drawn
+    shown = view(page, "PlacementBackendAssignment")
+    assert shown["visible"] and shown["text"].count("cannot connect") == 1, shown
+    assert not shown["clipped"], "the node did not grow to show its whole view"
