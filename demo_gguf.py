@@ -17,7 +17,7 @@ import tempfile
 from .placement import Inventory, PlacementError, PlacementSpec, plan
 from .placement.units import format_bytes
 
-INVENTORY = "cuda0=1GiB,cpu=8GiB"
+INVENTORY = "cuda0=1GiB@workspace=0,cpu=8GiB"   # the simulated GPU allocates no kernel workspace
 RESOLUTION = (256, 256)
 
 
@@ -26,7 +26,10 @@ def run_gguf_demo(qtype: str, as_json: bool = False) -> int:
     from .demo import build_model
     from .runtime.gguf import GGUFTensors, dequantize, load_gguf, write_gguf
     from .runtime.gguf.write import WRITABLE
+    from dataclasses import replace
+    from .placement.metadata import describe_component
     from .runtime.place import place
+    from .runtime.rehearse import rehearse
 
     qtype = qtype.upper()
     if qtype not in WRITABLE:
@@ -43,7 +46,6 @@ def run_gguf_demo(qtype: str, as_json: bool = False) -> int:
         block = [t for t in tensors if "blocks." in t.name]
         quant_bytes = sum(t.nbytes for t in tensors)
         block_q = sum(t.nbytes for t in block)
-        block_bf16 = sum(_numel(t.shape) * 2 for t in block)
 
         reference_model = copy.deepcopy(model)           # plain Linears, dequantized once
         reference_model.load_state_dict(dequantized)
@@ -51,12 +53,21 @@ def run_gguf_demo(qtype: str, as_json: bool = False) -> int:
         # the GPU's room for working memory: each Linear dequantizes its weight to float32
         # on use (up to three such temporaries alive at once: q, k, v) beside 256x256's
         # activations; the simulated device meters it and refuses to go past the budget
-        work = 3 * max(_numel(t.shape) * 4 for t in tensors) + (2 << 20)
-        budget = quant_bytes * 3 // 4 + work             # 3/4 of the quantized weights
+        # the working memory the plan reserves: the forward rehearsed at the demo's shapes
+        # on the meta device, and each Linear's weight dequantized to float32 on use (up
+        # to three such temporaries alive at once: q, k, v); the budget keeps a sixteenth
+        # of itself as its margin
+        rehearsed = rehearse(model, (), inputs)
+        work = 3 * max(_numel(t.shape) * 4 for t in tensors) + rehearsed
+        info = replace(describe_component("diffusion", [qmodel], resolution=RESOLUTION),
+                       headroom_bytes=work, workspace_bytes=0,
+                       headroom_basis=f"rehearsed {format_bytes(rehearsed)} + dequantized "
+                                      f"weights")
+        budget = (quant_bytes * 3 // 4 + work) * 16 // 15   # 3/4 of the quantized weights
         inventory = Inventory.simulated(INVENTORY)
         spec = PlacementSpec(backend="diffusion=cuda0", stream_layers=True,
                              max_vram=f"cuda0={budget}b")
-        the_plan = plan(spec, inventory, components={"diffusion": qmodel},
+        the_plan = plan(spec, inventory, components={"diffusion": info},
                         resolution=RESOLUTION)
         print(f"model: Flux architecture, {format_bytes(float_bytes)} in float32, written as "
               f"{qtype} GGUF: {format_bytes(quant_bytes)} ({', '.join(_types(tensors))})\n"
@@ -65,7 +76,7 @@ def run_gguf_demo(qtype: str, as_json: bool = False) -> int:
         print(the_plan.report())
         disk_spec = PlacementSpec(backend="diffusion=cuda0", stream_layers=True,
                                   params_backend="diffusion=disk", max_vram=f"cuda0={budget}b")
-        disk_plan = plan(disk_spec, inventory, components={"diffusion": qmodel},
+        disk_plan = plan(disk_spec, inventory, components={"diffusion": info},
                          resolution=RESOLUTION)
         lazy = load_gguf(path, model, lazy=True)         # nothing read: all on meta
 
@@ -93,6 +104,10 @@ def run_gguf_demo(qtype: str, as_json: bool = False) -> int:
               f"working memory {format_bytes(dev.get('working_peak_bytes', 0))} of "
               f"{format_bytes(work)} reserved")
     streamed = runs["streamed, params cpu"][1]["streamed_bytes_per_forward"]
+    # the blocks past the resident prefix, in execution order, are the ones that stream
+    k = the_plan.components["diffusion"].stream.resident_blocks
+    names = tuple(f"{b.name}." for b in info.blocks[k:])
+    block_bf16 = sum(_numel(t.shape) * 2 for t in block if t.name.startswith(names))
     print(f"\nbytes per forward over the link (streamed blocks): {format_bytes(streamed)} as "
           f"{qtype}; the same blocks in bf16: {format_bytes(block_bf16)} "
           f"({streamed / block_bf16:.3f} of bf16; every block tensor streamed: "

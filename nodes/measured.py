@@ -12,6 +12,11 @@ Peaks come from the engine's ledger (runtime.place stats: every device it placed
 simulated ones included) and, for real CUDA devices, torch's allocator peak over the
 phase. Nothing else is measured: a phase or device without either is left out, not
 guessed.
+
+What fell back while the run ran (runtime/fallbacks.py: a block that never ran, a row
+split run as a layer split, synchronous streaming, a plan re-derived, a call finished on
+ComfyUI's cast path) rides in the record as `runtime_fallbacks`, the engine's own
+records, each once; the editor draws a line per record from its fields.
 """
 import logging
 import time
@@ -21,25 +26,25 @@ import torch
 
 from ..placement.errors import PlacementError
 from ..placement.machine_figures import observe_plan_step
+from ..placement.ran_figures import planned_by_phase, with_calls
 from ..placement.report import render_measured
+from ..runtime.fallbacks import describe, merged
 from ..runtime.comfy.measure_hooks import engine_session, meter_decode, meter_sampling
 
 log = logging.getLogger("comfyui-placement")
 EVENT = "placement.measured"
 
 
-def predicted_figures(plan) -> dict:
-    """The plan's own predictions and planned bytes, copied into every record."""
+def predicted_figures(plan, calls=None) -> dict:
+    """The plan's own predictions and planned bytes, copied into every record: those of
+    the plan that ran, with the bytes rehearsed engine calls planned ({phase: {device:
+    bytes}}, CallSession.planned_by_device) in their phase. `plan` (its JSON) is what
+    the editor draws the bars from, so bars and the measured line show one figure."""
+    import json
     fit = plan.extra.get("fit") or {}
-    table = {row["name"]: row for row in plan.extra.get("device_table") or []}
-    phases = plan.extra.get("device_phases") or {}        # explicit plans (resolve.py)
-    planned = {}
-    for d in plan.devices:
-        row = table.get(d.name)
-        planned[d.name] = (dict(row["phases"]) if row else dict(phases.get(d.name) or {})
-                           or {"any": d.planned_bytes})
+    ran = with_calls(json.loads(plan.to_json(indent=None)), calls)
     return {"predicted": dict(fit.get("predicted") or {}), "steps": fit.get("steps"),
-            "planned_bytes": planned}
+            "planned_bytes": planned_by_phase(ran), "plan": ran}
 
 
 class Meter:
@@ -56,6 +61,7 @@ class Meter:
         self.send = send or send_record
         self.runs = 0
         self.record: Optional[dict] = None
+        self._told: Dict[int, dict] = {}   # id -> stats whose fallbacks a record carries
 
     # ComfyUI copies attachments into clones with this hook: one meter per node output.
     def on_model_patcher_clone(self):
@@ -105,13 +111,41 @@ class Meter:
 
     def _publish(self) -> None:
         rec = self.record
-        rec.update(predicted_figures(self.plan_that_ran() or self.plan))
+        rec.update(predicted_figures(self.plan_that_ran() or self.plan, self._calls()))
         sample, decode = rec["sample"], rec["decode"]
         rec["generation_s"] = sum(p["seconds"] for p in (sample, decode) if p)
         rec["lines"] = render_measured(rec)
+        rec["runtime_fallbacks"] = merged(rec.get("runtime_fallbacks"), self._new_fallbacks())
         for line in rec["lines"]:
             log.info("placement node %s: %s", self.node_id, line)
+        for f in rec["runtime_fallbacks"]:
+            log.info("placement node %s: fell back: %s", self.node_id, describe(f))
         self.send(rec)
+
+    def _calls(self) -> Dict[str, Dict[str, int]]:
+        """{phase: {device: bytes}} the last rehearsed call of each engine-placed text
+        encoder (encode) and VAE (decode) planned (runtime/comfy/engine_calls.py)."""
+        out: Dict[str, Dict[str, int]] = {}
+        for phase, methods in (("encode", None), ("decode", ("decode",))):
+            for s in self.sessions(phase):
+                got = getattr(s, "planned_by_device", None)
+                for dev, b in (got(methods) if got else {}).items():
+                    out.setdefault(phase, {})[dev] = max(out.get(phase, {}).get(dev, 0), b)
+        return out
+
+    def _new_fallbacks(self) -> List[dict]:
+        """The runtime fallbacks of the placements that ended since the last record (the
+        text encoders' calls too), each placement's once."""
+        out, now = [], {}
+        for phase in ("encode", "sample", "decode"):
+            for s in self.sessions(phase):
+                for stats in _all_stats(s):
+                    now[id(stats)] = stats
+                    if id(stats) not in self._told:
+                        out.extend(stats.get("fallbacks") or [])
+        # kept (so an id is never reused while known) only while a session still holds it
+        self._told = now
+        return out
 
 
 class _Phase:
@@ -203,12 +237,15 @@ def attach(meter: Meter, placed_model, placed_vae, given_vae) -> None:
 def engine_sessions(placed: dict, replanner=None) -> Callable[[str], List[object]]:
     """phase -> the engine sessions (runtime/comfy sampling_session.py, engine_calls.py)
     whose placements that phase runs: the placed MODEL's (and auto-fit's re-placed
-    copies') for sampling, the placed VAE's for decode."""
+    copies') for sampling, the placed VAE's for decode, the placed CLIP's for encode
+    (not timed: only its fallbacks are read)."""
     def sessions(phase: str) -> List[object]:
         if phase == "sample":
             objs = [placed.get("diffusion")]
             if replanner is not None:
                 objs += [p for _, _, p in replanner.models]
+        elif phase == "encode":
+            objs = [placed.get("te")]
         else:
             objs = [placed.get("vae")]
         found = [engine_session(o) for o in objs if o is not None]

@@ -32,6 +32,9 @@ class Device:
     # planner's default for a GPU (metadata/headroom.WORKSPACE). A --simulate entry may
     # set it ('@workspace=0': the simulated device of the runtime allocates none)
     workspace_bytes: Optional[int] = None
+    # slack kept free inside the device's room (placement/room.py); None: the default,
+    # 512 MiB on a real accelerator, 0 on a simulated one ('@margin=SIZE' sets it)
+    margin_bytes: Optional[int] = None
 
     @property
     def is_accelerator(self) -> bool:
@@ -72,18 +75,22 @@ def _host_memory() -> Tuple[int, int]:
 
 def _speeds(name: str, speeds, accepted: str):
     """'@165T' is a throughput, '@25GB/s' a host link bandwidth, '@workspace=256MiB' the
-    kernel workspace; each at most once."""
+    kernel workspace, '@margin=512MiB' the slack kept free (placement/room.py); each at
+    most once."""
     from .machine_figures import parse_bandwidth, parse_throughput
-    throughput = bandwidth = workspace = None
+    throughput = bandwidth = None
+    settings = {}
     for text in speeds:
         key, eq, value = text.partition("=")
         if eq:
-            if key.strip().lower() != "workspace" or workspace is not None:
+            key = key.strip().lower()
+            if key not in ("workspace", "margin") or key in settings:
                 raise PlacementError(f"simulated device {name}: {text!r} is not a setting "
-                                     f"(only one workspace=SIZE); {accepted}")
-            workspace = parse_bytes(value, f"workspace of simulated device {name}")
-            if workspace < 0:
-                raise PlacementError(f"simulated device {name}: workspace cannot be "
+                                     f"(at most one workspace=SIZE and one margin=SIZE); "
+                                     f"{accepted}")
+            settings[key] = parse_bytes(value, f"{key} of simulated device {name}")
+            if settings[key] < 0:
+                raise PlacementError(f"simulated device {name}: {key} cannot be "
                                      f"negative; {accepted}")
         elif text.strip().lower().endswith("/s") and not text.strip().lower().endswith("flop/s"):
             if bandwidth is not None:
@@ -93,7 +100,7 @@ def _speeds(name: str, speeds, accepted: str):
             if throughput is not None:
                 raise PlacementError(f"simulated device {name} gives two throughputs; {accepted}")
             throughput = parse_throughput(text, f"throughput of simulated device {name}")
-    return throughput, bandwidth, workspace
+    return throughput, bandwidth, settings.get("workspace"), settings.get("margin")
 
 
 def canonical_device_name(text: str) -> str:
@@ -125,7 +132,8 @@ class Inventory:
         """'cuda0=24GiB,cuda1=12GiB[/10GiB],cpu=64GiB': names with TOTAL or TOTAL/FREE.
         Bare numbers are GiB. The cpu entry is optional (default: this machine's RAM).
         What-if speeds follow '@': cuda0=24GiB@165T@25GB/s (FLOP/s, host link bytes/s)."""
-        accepted = ("expected NAME=TOTAL[/FREE][@FLOPS][@BYTES/s][@workspace=SIZE] entries "
+        accepted = ("expected NAME=TOTAL[/FREE][@FLOPS][@BYTES/s][@workspace=SIZE]"
+                    "[@margin=SIZE] entries "
                     "separated by commas, e.g. cuda0=24GiB@165T@25GB/s,cuda1=12GiB/10GiB,"
                     "cpu=64GiB")
         if not isinstance(text, str) or not text.strip():
@@ -140,7 +148,7 @@ class Inventory:
             if not eq or not _NAME.match(name) or name in DEFAULT_TOKENS + ("gpu", "disk"):
                 raise PlacementError(f"invalid simulated device {item!r}; {accepted}")
             size, *speeds = size.split("@")
-            throughput, bandwidth, workspace = _speeds(name, speeds, accepted)
+            throughput, bandwidth, workspace, margin = _speeds(name, speeds, accepted)
             total_txt, slash, free_txt = size.partition("/")
             total = parse_bytes(total_txt, f"size of simulated device {name}")
             free = parse_bytes(free_txt, f"free memory of simulated device {name}") \
@@ -153,7 +161,8 @@ class Inventory:
                                   f"simulated {kind}",
                                   torch_device="cpu" if name == "cpu" else None,
                                   simulated=name != "cpu", throughput=throughput,
-                                  bandwidth=bandwidth, workspace_bytes=workspace))
+                                  bandwidth=bandwidth, workspace_bytes=workspace,
+                                  margin_bytes=margin))
         return cls(devices, source=f"simulated: {text.strip()}")
 
     @classmethod
@@ -242,7 +251,8 @@ class Inventory:
              **({"throughput_flops": d.throughput} if d.throughput else {}),
              **({"bandwidth_bytes_per_s": d.bandwidth} if d.bandwidth else {}),
              **({"workspace_bytes": d.workspace_bytes}
-                if d.workspace_bytes is not None else {})}
+                if d.workspace_bytes is not None else {}),
+             **({"margin_bytes": d.margin_bytes} if d.margin_bytes is not None else {})}
             for d in self.devices]}
 
     def __repr__(self) -> str:

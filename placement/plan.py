@@ -26,6 +26,14 @@ class DevicePlan:
     description: str = ""
     throughput: Optional[float] = None  # FLOP/s the planner priced it at (batch parallel
                                         # shares follow it); None: not planned by auto-fit
+    margin_bytes: int = 0           # kept free inside the room (placement/room.py)
+
+    @property
+    def room_bytes(self) -> int:
+        """What the plan may fill here: weights, ring and working memory."""
+        from .room import device_room
+        return device_room(self.budget_bytes, self.free_bytes, self.margin_bytes,
+                           host=self.kind == "cpu")
 
 
 @dataclass
@@ -64,6 +72,13 @@ class ComponentPlan:
     held_bytes: Dict[str, int] = field(default_factory=dict)
                                     # bytes the plan holds per device while the component
                                     # runs (weights, ring, working memory); {}: not planned
+    headroom_per_device: Dict[str, int] = field(default_factory=dict)
+                                    # a split's working memory per device where they
+                                    # differ (rehearsed); {}: headroom_bytes on each
+
+    def headroom_on(self, device: str) -> int:
+        """Working memory planned on `device` (0: none planned)."""
+        return int(self.headroom_per_device.get(device, self.headroom_bytes or 0))
 
     @property
     def main_device(self) -> str:
@@ -97,7 +112,8 @@ class Plan:
                 "name": d.name, "kind": d.kind, "total_bytes": d.total_bytes,
                 "free_bytes": d.free_bytes, "budget_bytes": d.budget_bytes,
                 "planned_bytes": d.planned_bytes, "description": d.description,
-                "throughput_flops": d.throughput,
+                "throughput_flops": d.throughput, "margin_bytes": d.margin_bytes,
+                "room_bytes": d.room_bytes,
             } for d in self.devices],
             "components": {name: _component_dict(c) for name, c in self.components.items()},
             "warnings": list(self.warnings),
@@ -117,7 +133,8 @@ class Plan:
             devices = [DevicePlan(d["name"], d["kind"], int(d["total_bytes"]),
                                   int(d["free_bytes"]), d.get("budget_bytes"),
                                   int(d.get("planned_bytes", 0)), d.get("description", ""),
-                                  _positive_or_none(d.get("throughput_flops")))
+                                  _positive_or_none(d.get("throughput_flops")),
+                                  int(d.get("margin_bytes") or 0))
                        for d in data["devices"]]
             comps = {}
             for name, c in data["components"].items():
@@ -145,7 +162,9 @@ class Plan:
                     quant=c.get("quant"),
                     headroom_bytes=None if c.get("headroom_bytes") is None
                     else int(c["headroom_bytes"]),
-                    held_bytes={k: int(v) for k, v in (c.get("held_bytes") or {}).items()})
+                    held_bytes={k: int(v) for k, v in (c.get("held_bytes") or {}).items()},
+                    headroom_per_device={k: int(v) for k, v in
+                                         (c.get("headroom_per_device") or {}).items()})
                 if comps[name].parallel not in PARALLEL_MODES:
                     raise PlacementError(f"invalid parallel {comps[name].parallel!r} for "
                                          f"{name}; expected none, batch or pipeline")
@@ -196,6 +215,7 @@ def _component_dict(c: ComponentPlan) -> dict:
         "lora": c.lora, "parallel": c.parallel, "tile": c.tile,
         "tile_frames": c.tile_frames, "quant": c.quant,
         "headroom_bytes": c.headroom_bytes, "held_bytes": dict(c.held_bytes),
+        "headroom_per_device": dict(c.headroom_per_device),
     }
 
 

@@ -19,14 +19,16 @@ What lives here, once:
 - stats.
 Where a streamed block arrives is runtime/stream.py (`Streamer.arrive`).
 """
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from ..placement.errors import PlacementError
 from ..placement.layout import split_rooms
+from .fallbacks import Fallbacks
 from .faults import teardown_after
+from .first_call import size_from_first_call
 from .hoststore import HostStore
 from .residency import Group, PinnedPool, default_pinned_cap, give_back_freed_host_memory
 from .restore import put_back
@@ -51,11 +53,13 @@ def _pageable(nbytes: int):
     return torch.empty(nbytes, dtype=torch.uint8), False
 
 
-def plan_budget(plan, name: str) -> Optional[int]:
+def plan_budget(plan, name: str) -> Tuple[Optional[int], Optional[int]]:
+    """(budget, margin) the plan gives `name` (placement/room.py); (None, None): the plan
+    has no such device (its own free memory and margin then)."""
     for d in plan.devices:
         if d.name == name:
-            return d.budget_bytes
-    return None
+            return d.budget_bytes, d.margin_bytes
+    return None, None
 
 
 class Engine:
@@ -70,8 +74,16 @@ class Engine:
                  max_pinned_bytes: Optional[int] = None, weights_file: Optional[str] = None,
                  key_map: Union[None, Dict[str, str], Callable[[str], str]] = None,
                  lora=None, host_store=None, repoint: Optional[Callable] = None,
-                 skip_blocks: Optional[Sequence[str]] = None, device_check: bool = True):
+                 skip_blocks: Optional[Sequence[str]] = None, device_check: bool = True,
+                 rehearse: bool = True):
         self.module = module
+        # size the placement from its first call, rehearsed on the meta device at its
+        # real shapes, before any weight moves (engines that can: `_rehearses`); the
+        # ComfyUI adapter rehearses its first model call itself and plans from it
+        self.rehearse = rehearse
+        self._armed = None                 # the first call's hook handle while armed
+        self.rehearsed: Optional[List[int]] = None    # working bytes per device, rehearsed
+        self._rehearsing = False
         # the simulated device's check (simcheck.py); benchmarks turn it off, since its
         # per-operation dispatch would count as compute on both sides of their ratios
         self.device_check = device_check
@@ -79,6 +91,7 @@ class Engine:
         # tensors are left alone, neither grouped nor restored here
         self.skip_prefixes = tuple(f"{n}." for n in (skip_blocks or ()))
         self.component = component
+        self.fallbacks = Fallbacks(component)   # what ran instead of the plan (stats)
         self.cplan = self._component_plan(plan, component)
         self.runtime = list(self.cplan.runtime)
         self.devices = [inventory.get(n) for n in self.runtime]
@@ -135,17 +148,67 @@ class Engine:
         return [g for groups in self.resident for g in groups]
 
     # -- context ------------------------------------------------------------------------
+    _rehearses = False      # the staged engines size themselves from a rehearsed first call
+
     def __enter__(self):
         try:
             by_id = self._capture()
             self._open_targets(by_id)
-            self._prepare(by_id)
+            self._prepare(by_id)            # the plan checked, the layout made: no copy yet
+            if self._defers():
+                self._arm(by_id)
+                return self
             self._load()
             self._attach()
         except BaseException as exc:
             teardown_after(self._teardown, exc)
             raise
         return self
+
+    def _defers(self) -> bool:
+        """Whether to wait for the first call: it is rehearsed on the meta device, and the
+        resident prefix or ranges are sized from it before any weight moves."""
+        return self.rehearse and self._rehearses and \
+            not any(t.is_meta for t in self.rest.values())
+
+    def _arm(self, by_id) -> None:
+        """Everything but the weights is ready; the first call prepares, loads and
+        attaches (the forward guard now: a call reads the module's forward before its
+        pre-hooks run)."""
+        self._check_capacity()
+        self._guard_forward()
+        self._armed_by_id = by_id
+        self._armed = self.module.register_forward_pre_hook(
+            self._first_call, with_kwargs=True, prepend=True)
+
+    def _check_capacity(self) -> None:
+        """What the load will allocate fits each device, checked at entry as the load
+        itself would (the same error): a placement too big fails before its first call."""
+        from .ledger import out_of_memory
+        for d, t in enumerate(self.targets):
+            held = self.in_place_bytes if d == 0 else 0
+            parts = [(g.nbytes, f"resident {g.name}") for g in self.resident[d]] + \
+                [(s.ring_bytes, "stream ring") for s in self.streamers if s.target is t]
+            for nbytes, what in parts:
+                if held + nbytes > t.ledger.capacity:
+                    raise out_of_memory(t.name, nbytes, held, t.ledger.capacity, what)
+                held += nbytes
+
+    def _first_call(self, module, args, kwargs):
+        self._armed.remove()
+        self._armed = None
+        by_id, self._armed_by_id = self._armed_by_id, None
+        self.first_call_grad = torch.is_grad_enabled()   # before inference_mode(False) below
+        # device buffers and host packs must be normal tensors the copy worker can
+        # write, also under a caller's inference mode
+        with torch.inference_mode(False):
+            if size_from_first_call(self, args, kwargs):
+                self._prepare_again(by_id)  # the prefix or ranges sized for it
+            self._load()
+        self._attach()
+        # this call's pre-hooks were taken before the ones just attached: the root's
+        # runs here (its post-hook is read after the forward, so it runs as usual)
+        return self._root_pre(module, args, kwargs)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         teardown_after(self._teardown, exc)
@@ -171,16 +234,17 @@ class Engine:
         def held(dev):                      # weights of this module already on the device
             return sum(t.numel() * t.element_size() for t, _ in by_id.values()
                        if t.device == dev)
-        for dev, budget in zip(self.devices, self.budgets):
-            self.targets.append(open_target(dev, budget, self.link, held))
+        for dev, (budget, margin) in zip(self.devices, self.budgets):
+            self.targets.append(open_target(dev, budget, margin, self.link, held))
         option = self.headroom_option
         if option is None and self.cplan.headroom_bytes is not None:
-            option = int(self.cplan.headroom_bytes)     # the planner's estimate
+            # the planner's working memory, per device where a split's differ
+            option = {n: self.cplan.headroom_on(n) for n in self.runtime}
         self.headroom = [headroom_for(option, t.name) for t in self.targets]
         if len(self.targets) > 1:
             self.mover = Mover(self.targets, self.hop_link)
-        self.check = forward_check(self.component, self.targets) if self.device_check \
-            else None
+        self.check = forward_check(self.component, self.targets, self.mover) \
+            if self.device_check else None
         self.cuda_devices = [t.device for t in self.targets if t.is_cuda]
         self.pool = PinnedPool(any(t.is_cuda for t in self.targets),
                                self.max_pinned_bytes if self.max_pinned_bytes is not None
@@ -188,6 +252,15 @@ class Engine:
 
     def _prepare(self, by_id) -> None:
         raise NotImplementedError
+
+    def _prepare_again(self, by_id) -> None:
+        """The layout made anew for other working memory (first_call.py): nothing was
+        allocated on a device yet; packed host copies are kept by the store."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        self.streamers, self.resident, self.disk_layouts = [], [], {}
+        self._prepare(by_id)
 
     def _attach(self) -> None:
         raise NotImplementedError
@@ -252,16 +325,22 @@ class Engine:
                 s.free()
             raise
         self.resident_bufs = allocated
-        for d, g, buf in allocated:
-            self.targets[d].ledger.count_h2d(g.nbytes)
-            self._fill(g, buf)
-            g.bind(buf)
+        try:
+            for d, g, buf in allocated:
+                self.targets[d].ledger.count_h2d(g.nbytes)
+                self._fill(g, buf)
+                g.bind(buf)
+        except BaseException:               # a read failed midway: give it all back
+            self.loaded = True
+            self._unload()
+            raise
         for t in self.targets:
             if t.is_cuda:
                 torch.cuda.synchronize(t.device)
         self.loaded = True
         if self.check is not None:
             self.check.watch(self._moved_resting())
+            self.check.home(self._device_buffers())
         self._after_load()
 
     def _fill(self, g: Group, buf: torch.Tensor) -> None:
@@ -282,6 +361,15 @@ class Engine:
 
     def _after_load(self) -> None:
         """Subclasses: work on the freshly loaded device copies (LoRA patches)."""
+
+    def _device_buffers(self):
+        """(device index, buffer) of every device buffer holding weights: the device
+        check locates a weight by its buffer's storage."""
+        for d, _, buf in self.resident_bufs:
+            yield d, buf
+        for s in self.streamers:
+            if s.ring is not None:
+                yield self.targets.index(s.target), s.ring
 
     def _moved_resting(self):
         """(name, resting tensor) of every weight this placement moves onto a device:
@@ -306,13 +394,16 @@ class Engine:
         left in the frame (and inference-mode guard) it was entered in. Hooks run outside
         it: the root pre-hook's load copies weights, which the check allows anyway."""
         check, cuda = self.check, bool(self.cuda_devices)
-        if check is None and not cuda:
+        if (check is None and not cuda) or self._own_forward is not None:
             return
         module = self.module
         inner = module.forward
         self._own_forward = ("forward" in module.__dict__, module.__dict__.get("forward"))
+        engine = self
 
         def forward(*args, **kwargs):
+            if engine._rehearsing:          # on the meta device: nothing to check
+                return inner(*args, **kwargs)
             device = torch.cuda.current_device() if cuda else None
             if check is not None:
                 check.enter()
@@ -340,6 +431,8 @@ class Engine:
         """Give the device memory back; tensors point at their resting copies."""
         if not self.loaded:
             return
+        if self.check is not None:
+            self.check.home(())         # the buffers go: their addresses may be reused
         try:
             for s in self.streamers:
                 s.free()                # a failed copy surfaces here, after its frees
@@ -399,6 +492,9 @@ class Engine:
     def _teardown(self) -> None:
         if self.check is not None:
             self.check.close()
+        if self._armed is not None:         # left before its first call
+            self._armed.remove()
+            self._armed = None
         self._detach()
         self._unguard_forward()
         if self.mover is not None:
@@ -437,8 +533,21 @@ class Engine:
         if pool is not None and pool.warning:
             out["pinned_warning"] = pool.warning
         if self.events is not None and not self.events.learning:
-            # blocks whose own forward never ran, entered through their layers (units.py)
+            # blocks whose own forward never ran, entered through their layers (units.py);
+            # blocks not entered at all are named apart, counted in no figure
             out["blocks_entered_by_units"] = sum(self.events.via_units)
+            out["blocks_never_ran"] = self._never_ran_names()
+        out["fallbacks"] = self.fallbacks.as_list()
+        # the working memory each device kept room for: the plan's, or the first call's
+        # rehearsal (first_call.py) with the plan's beside it
+        headroom = getattr(self, "headroom", None)
+        if headroom:
+            out["working_memory"] = {
+                t.name: {"kept_bytes": int(h), **({
+                    "rehearsed_bytes": int(self.rehearsed[d]),
+                    "planned_bytes": int(self.planned_headroom[d])}
+                    if self.rehearsed is not None else {})}
+                for d, (t, h) in enumerate(zip(self.targets, headroom))}
         if self.check is not None:
             out["device_check"] = "on" if self.check.off_because is None else \
                 f"off: {self.check.off_because}"
@@ -447,6 +556,9 @@ class Engine:
 
     def _more_stats(self) -> dict:
         return {}
+
+    def _never_ran_names(self) -> List[str]:
+        return []
 
     def stats(self) -> dict:
         if not self.targets:

@@ -27,22 +27,20 @@ def module_sizes(module: nn.Module, block_names=None) -> Tuple[int, List[int]]:
 
 
 def capacity(plan, inventory, name: str) -> int:
-    """The engine's ledger capacity on `name` (runtime/target.open_target): the budget,
-    capped by the free memory except on the host, whose budget stands as given."""
-    budget = plan.device(name).budget_bytes
-    dev = inventory.get(name)
-    if budget is None:
-        return dev.free_bytes
-    return budget if dev.torch_device == "cpu" and not dev.simulated else \
-        min(budget, dev.free_bytes)
+    """The engine's ledger capacity on `name` (runtime/target.open_target): the room
+    (placement/room.py) of the plan's budget and margin in the device's free memory."""
+    from ..placement.room import device_room
+    planned, dev = plan.device(name), inventory.get(name)
+    return device_room(planned.budget_bytes, dev.free_bytes, planned.margin_bytes,
+                       host=dev.kind == "cpu" and not dev.simulated)
 
 
 def rooms(plan, component: str, inventory, headroom: Optional[int] = None) -> List[int]:
     """Each runtime device's room for weights: capacity less the working memory the
-    engine reserves (`headroom`, else the plan's; explicit plans reserve none)."""
+    engine reserves (`headroom`, else the plan's on that device)."""
     cp = plan.components[component]
-    h = int(cp.headroom_bytes or 0) if headroom is None else int(headroom)
-    return [capacity(plan, inventory, d) - h for d in cp.runtime]
+    return [capacity(plan, inventory, d) -
+            (cp.headroom_on(d) if headroom is None else int(headroom)) for d in cp.runtime]
 
 
 def _stream(cp, device: str, n: int) -> Optional[Tuple[int, int]]:

@@ -10,14 +10,57 @@ tensor is host memory, so copies and block outputs carry a tag (an attribute nam
 the device index); an untagged tensor is where the working-memory meter saw it
 computed (`locate`, when the device check meters: a tensor made inside a block between
 two of its hooked layers is on the block's device, as on a GPU), else on the main
-device, where the module's own (non-block) code runs.
+device, where the module's own (non-block) code runs. The device check (simcheck.py)
+locates every operand the same way and refuses an operation whose operands are on two
+devices, so a tensor this mover did not bring fails as it would on a GPU.
 """
+import copy
+import dataclasses
 import threading
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 import torch
 
 from .hops import DEFAULT_HOP_LINK, make_hop, tensor_bytes
+
+
+def map_tensors(fn: Callable, x):
+    """`x` with `fn` applied to every tensor in it, through tuples, namedtuples, lists,
+    dicts and dataclass instances (ComfyUI's Flux hands its blocks ModulationOut objects);
+    a container whose tensors all come back as they were is returned itself, and none
+    is changed in place (the caller may keep using its own)."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (tuple, list)):
+        new = [map_tensors(fn, v) for v in x]
+        if all(a is b for a, b in zip(new, x)):
+            return x
+        if type(x) in (tuple, list):
+            return type(x)(new)
+        return type(x)(*new) if hasattr(x, "_fields") else type(x)(new)   # namedtuple
+    if isinstance(x, dict):
+        new = {k: map_tensors(fn, v) for k, v in x.items()}
+        if all(new[k] is v for k, v in x.items()):
+            return x
+        if type(x) is dict:
+            return new
+        out = copy.copy(x)          # a dict subclass keeps its type (OrderedDict...)
+        out.update(new)
+        return out
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        changed = {}
+        for f in dataclasses.fields(x):
+            v = getattr(x, f.name, None)
+            w = map_tensors(fn, v)
+            if w is not v:
+                changed[f.name] = w
+        if not changed:
+            return x
+        out = copy.copy(x)          # not replace(): fields with init=False, frozen ones
+        for name, w in changed.items():
+            object.__setattr__(out, name, w)
+        return out
+    return x
 
 
 class Mover:
@@ -44,6 +87,7 @@ class Mover:
         self.bytes = 0
         self.seconds = 0.0        # modelled link time (simulated devices)
         self.locate = None        # simulated: tensor -> device index computed on, or None
+        self.relocate = None      # simulated: (copy, device index): the copy's storage is there
 
     def _state(self):
         s = self._local
@@ -87,14 +131,10 @@ class Mover:
 
     def tag_outputs(self, x, d: int):
         """Simulated devices: what a block on device d returned lives on d."""
-        if isinstance(x, torch.Tensor):
-            setattr(x, self.tag, d)
-        elif isinstance(x, (tuple, list)):
-            for v in x:
-                self.tag_outputs(v, d)
-        elif isinstance(x, dict):
-            for v in x.values():
-                self.tag_outputs(v, d)
+        def tag(t):
+            setattr(t, self.tag, d)
+            return t
+        map_tensors(tag, x)
 
     # -- moving -----------------------------------------------------------------------
     def copy_to(self, t: torch.Tensor, d: int, src: int = -1) -> torch.Tensor:
@@ -113,32 +153,26 @@ class Mover:
         if self.simulated:
             if d:                         # untagged means main: outputs stay clean
                 setattr(out, self.tag, d)
+            if self.relocate is not None:  # the copy was allocated like its source
+                self.relocate(out, d)
         return out
 
     def bring(self, x, d: int):
-        """`x` (a tensor, or tuples/lists/dicts of them) with every tensor on device d."""
-        if isinstance(x, torch.Tensor):
-            if self.where(x) == self.keys[d]:
-                return x
-            s = self._state()
-            hit = s.cache[d].get(id(x))
-            if hit is None:
-                hit = (x, self.copy_to(x, d))
-                s.cache[d][id(x)] = hit
-                s.cache_bytes[d] += tensor_bytes(x)
-            s.served += tensor_bytes(x)
-            return hit[1]
-        if isinstance(x, (tuple, list)):
-            new = [self.bring(v, d) for v in x]
-            if all(a is b for a, b in zip(new, x)):
-                return x
-            return type(x)(new) if type(x) in (tuple, list) else type(x)(*new)
-        if isinstance(x, dict):
-            new = {k: self.bring(v, d) for k, v in x.items()}
-            if all(new[k] is v for k, v in x.items()):
-                return x
-            return type(x)(new) if type(x) is dict else new
-        return x
+        """`x` (a tensor, or containers of them: map_tensors) with every tensor on
+        device d."""
+        return map_tensors(lambda t: self._bring_one(t, d), x)
+
+    def _bring_one(self, x: torch.Tensor, d: int) -> torch.Tensor:
+        if self.where(x) == self.keys[d]:
+            return x
+        s = self._state()
+        hit = s.cache[d].get(id(x))
+        if hit is None:
+            hit = (x, self.copy_to(x, d))
+            s.cache[d][id(x)] = hit
+            s.cache_bytes[d] += tensor_bytes(x)
+        s.served += tensor_bytes(x)
+        return hit[1]
 
     def end_forward(self) -> None:
         s = self._state()

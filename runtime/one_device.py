@@ -8,6 +8,9 @@ from typing import Dict, List
 from torch import nn
 
 from ..placement.errors import PlacementError
+from ..placement.layout import prefix_and_ring, resident_prefix, ring_bytes
+from ..placement.units import format_bytes
+from .first_call import rehearsal_words
 from .stages import StagedEngine
 
 
@@ -75,16 +78,62 @@ class Placed(StagedEngine):
     def _owner(self, groups, nonblock_bytes: int) -> List[int]:
         return [0] * len(groups)
 
+    _rehearses = True
+
     def _prefix(self, d: int, sizes: List[int], room: int, depth: int) -> int:
         if self.mode != "stream":
+            if self.rehearsed is not None and sum(sizes) > room:
+                self._refuse(sum(sizes), room, "its weights")
             return len(sizes)
+        k = self._planned_k(sizes)
+        if self.rehearsed is None or prefix_and_ring(sizes, k, depth) <= room:
+            return k                    # the plan's (the ledger enforces the budget)
+        # the plan's prefix leaves the working memory too little room: the largest that
+        # fits (a ring alone not fitting is refused before anything is copied)
+        fits = resident_prefix(sizes, room, depth)
+        if fits is None:
+            self._refuse(ring_bytes(sizes, depth), room, "its streaming ring")
+        self.fallbacks.add(
+            "plan_rederived", {"resident": k, "of": len(sizes)},
+            {"resident": fits, "of": len(sizes)},
+            f"{rehearsal_words(self, 0)} leaves {format_bytes(max(0, room))} for the "
+            f"streamed blocks on {self.device.name}; the plan's prefix needs "
+            f"{format_bytes(prefix_and_ring(sizes, k, depth))}",
+            stacklevel=6, device=self.device.name, field="stream.resident_blocks")
+        return fits
+
+    def _refuse(self, need: int, room: int, what: str) -> None:
+        nonblock = sum(g.nbytes for g in self.resident[0]) if self.resident else 0
+        short = need - room
+        raise PlacementError(
+            f"{self.component}: {self.device.name} needs {format_bytes(need)} for {what} "
+            f"beside {format_bytes(nonblock)} of non-block weights and "
+            f"{rehearsal_words(self, 0)}, but its capacity is "
+            f"{format_bytes(self.target.ledger.capacity)}, short by {format_bytes(short)}; "
+            f"raise max_vram {self.device.name}, stream its blocks (stream_layers), or run "
+            f"smaller inputs")
+
+    def _planned_k(self, sizes: List[int]) -> int:
         # the plan's prefix (the ledger enforces the budget); where auto-fit gave this
         # device a prefix of its own (a split it is one stage of: the worker ranges beside
         # it, distributed/planned.py), that one: stream.resident_blocks sums every stage's
         planned = self.cplan.stream.per_device.get(self.device.name) if self.cplan.stream else None
         if planned and int(planned[1]) == len(sizes):
             return min(int(planned[0]), len(sizes))
-        return min(self.cplan.stream.resident_blocks, len(sizes))
+        k = min(self.cplan.stream.resident_blocks, len(sizes))
+        if planned:
+            self.fallbacks.add(
+                "plan_rederived", {"resident": int(planned[0]), "of": int(planned[1])},
+                {"resident": k, "of": len(sizes)},
+                f"the plan's stream prefix {list(planned)} does not match the module's "
+                f"{len(sizes)} streamed blocks; the plan's resident_blocks is used",
+                stacklevel=6, device=self.device.name, field="stream.per_device")
+        return k
+
+    def _prepare_again(self, by_id) -> None:
+        super()._prepare_again(by_id)
+        if getattr(self, "_lora_patches", None):
+            self.set_lora(self._lora_patches)   # the streamed groups are new
 
     def _depth(self) -> int:
         return self.cplan.stream.prefetch_depth if self.mode == "stream" else 0
@@ -103,12 +152,10 @@ class Placed(StagedEngine):
             "streamed_blocks": len(streamed), "prefetch_depth": self.depth,
             "resident_weight_bytes": sum(g.nbytes for g in self.resident_groups)
             + self.in_place_bytes,
-            "streamed_bytes_per_forward": sum(g.nbytes for g in streamed),
         }
         if self.file is not None and streamed:
             self._info.update(host_blocks=self.host_blocks,
-                              host_stream_bytes=self.host_stream_bytes,
-                              disk_bytes_per_forward=self.disk_bytes)
+                              host_stream_bytes=self.host_stream_bytes)
 
     # -- runtime LoRA ---------------------------------------------------------------------
     def set_lora(self, patches) -> None:
@@ -116,6 +163,7 @@ class Placed(StagedEngine):
         device copies only: streamed blocks on arrival, resident weights now (refilled
         from their resting copy first, so earlier patches do not accumulate)."""
         from .lora import GroupPatches, resolve
+        self._lora_patches = patches        # applied again if the layout is made again
         resolved = resolve(patches, self.by_name, self.target.device)
         nbytes = sum(x.numel() * x.element_size() for _, p in resolved.values()
                      for d, u, _, _ in p for x in (d, u))
@@ -163,7 +211,11 @@ class Placed(StagedEngine):
     # -- stats ---------------------------------------------------------------------------
     def _more_stats(self) -> dict:
         out = dict(self._info)
+        # what moved in the last whole forward, counted as blocks arrive (stages.py)
+        moved = self._moved_stats()
+        out["streamed_bytes_per_forward"] = moved["streamed_bytes_per_forward"]
         if self.file is not None and self.streamers:
+            out["disk_bytes_per_forward"] = moved["disk_bytes_per_forward"]
             out["disk_read_bytes"] = self.disk_read_bytes
         if self.streamer is not None:
             out["prefetched_ahead_bytes"] = self.streamer.ahead_bytes

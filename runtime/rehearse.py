@@ -16,6 +16,7 @@ caller's to report).
 `rehearse_split(...)` does the same for a layer split: each block's working memory is
 charged to the device that runs it, and what crosses a range boundary is copied there
 once per forward, as the split's mover does (runtime/moves.py): the peak per device."""
+import contextlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -23,12 +24,46 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
+from .moves import map_tensors
 from .units import BlockEvents
 from .workmeter import MeterMode, Tally, WorkMeter, storage_key
 
 
+_MOVES = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda)
+
+
+def _leaving_meta(func, args, kwargs) -> bool:
+    """A meta tensor sent to another device (ComfyUI hands a text encoder's or a VAE's
+    output to its intermediate device): a copy off the device being rehearsed."""
+    if func not in _MOVES or not args or not isinstance(args[0], torch.Tensor) \
+            or not args[0].is_meta:
+        return False
+    if func is not torch.Tensor.to:
+        return True
+    target = kwargs.get("device")
+    for a in args[1:]:
+        if isinstance(a, (str, torch.device)):
+            target = a
+        elif isinstance(a, torch.Tensor):
+            target = a.device
+    return target is not None and torch.device(target).type != "meta"
+
+
+def _stay(args, kwargs):
+    """The tensor itself (no device memory is taken by a copy that leaves it), cast on
+    meta where the move also casts."""
+    t, dtype = args[0], kwargs.get("dtype")
+    for a in args[1:]:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, torch.Tensor):
+            dtype = a.dtype
+    return t if dtype is None or dtype == t.dtype else t.to(dtype=dtype)
+
+
 class _FusedAttention(TorchFunctionMode):
-    """Attention as a fused GPU kernel allocates it: its output, nothing in between."""
+    """Attention as a fused GPU kernel allocates it: its output, nothing in between;
+    a tensor leaving the device stays on meta without a copy."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -36,7 +71,41 @@ class _FusedAttention(TorchFunctionMode):
             q = args[0] if args else kwargs["query"]
             v = args[2] if len(args) > 2 else kwargs["value"]
             return q.new_empty(q.shape[:-1] + (v.shape[-1],))
+        if _leaving_meta(func, args, kwargs):
+            return _stay(args, kwargs)
+        if func in _BINCOUNT and args and isinstance(args[0], torch.Tensor) \
+                and args[0].is_meta:
+            return _bincount_on_meta(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+_BINCOUNT = (torch.bincount, torch.Tensor.bincount)
+
+
+def _bincount_on_meta(x, weights=None, minlength=0):
+    """Counts whose values the code goes on to read (a mixture of experts routes tokens
+    with them: `for end in counts.cumsum(0)`, slices by count), which meta cannot give:
+    the counts of an input whose values are all 0, a host tensor. Every slice taken by
+    these counts is then at most the whole input, so the rehearsal stays an upper bound
+    (a top-k router's one expert is charged its k choices' rows: k times its most)."""
+    if weights is not None:
+        raise NotImplementedError("bincount with weights on the meta device: its counts "
+                                  "are the weights' values, which meta tensors have not")
+    counts = torch.zeros(max(int(minlength), 1), dtype=torch.int64)
+    counts[0] = x.numel()
+    return counts
+
+
+def _all_selected():
+    """Boolean-mask indexing on meta (a mixture of experts takes each expert's rows with
+    `x[idx == i]`) needs torch.nonzero, whose meta kernel torch runs only when told to
+    assume every element selected: the largest slice the mask can take, so the
+    rehearsal stays an upper bound, as with bincount above."""
+    try:
+        from torch.fx.experimental import _config
+        return _config.patch(meta_nonzero_assume_all_nonzero=True)
+    except (ImportError, AttributeError):          # an older torch: mask indexing refused
+        return contextlib.nullcontext()
 
 
 def meta_like(x):
@@ -59,7 +128,7 @@ def _run(module, args, kwargs, meter: WorkMeter, prepare: Optional[Callable] = N
     margs, mkwargs = tree_map(meta_like, tuple(args)), tree_map(meta_like, dict(kwargs or {}))
     if prepare is not None:
         margs, mkwargs = prepare(margs, mkwargs)
-    with torch.no_grad(), _FusedAttention(), MeterMode(meter):
+    with torch.no_grad(), _all_selected(), _FusedAttention(), MeterMode(meter):
         if state is None:                               # a weightless copy (shadow.py)
             module(*margs, **mkwargs)
         else:
@@ -81,7 +150,7 @@ class SplitHops:
 
     def bring(self, x, d: int):
         def one(t):
-            if not isinstance(t, torch.Tensor) or self.where(t) == d:
+            if self.where(t) == d:
                 return t
             hit = self.copies.get((id(t), d))
             if hit is None:
@@ -90,7 +159,7 @@ class SplitHops:
                 hit = self.copies[(id(t), d)] = (t, t.clone())   # source kept: id stays
                 self.meter.set_device(here)
             return hit[1]
-        return tree_map(one, x)
+        return map_tensors(one, x)       # dataclasses too, as the mover brings them
 
     def follow(self, x, like):
         """`x` brought to the device `like` is on (a skip connection)."""
@@ -112,8 +181,9 @@ def rehearse_split(module: torch.nn.Module, args: Tuple, kwargs: Dict[str, Any],
     events.on_call.append(lambda gi, a, k: (hops.bring(a, owner[gi]), hops.bring(k, owner[gi])))
 
     def leave(gi, output, is_last):
-        if gi == last and is_last:
+        if is_last:                     # the module's own code runs next, on device 0
             meter.set_device(0)
+        if gi == last and is_last:
             return hops.bring(output, 0)
         return None
     events.on_output.append(leave)

@@ -68,6 +68,7 @@ class StagedEngine(Engine):
         members, rest = group_blocks([block_tensor_ids(b) for _, b in block_list], by_id)
         kept = [(n, b, m) for (n, b), m in zip(block_list, members) if m]
         self.block_modules = [b for _, b, _ in kept]
+        self.block_labels = [n for n, _, _ in kept]
         groups = [make_group(n, by_id, m, self.file, self.key_map) for n, _, m in kept]
         nonblock = make_group("non-block", by_id, rest, self.file, self.key_map) \
             if rest else None
@@ -142,7 +143,8 @@ class StagedEngine(Engine):
                     give_back_freed_host_memory()
                 sources.append(Source(host=host))
             streamer = Streamer(self.targets[d], [groups[i] for i in streamed], sources,
-                                self.depth, staging=self.pool.alloc)
+                                self.depth, staging=self.pool.alloc,
+                                fallbacks=self.fallbacks)
             self.streamers.append(streamer)
             for j, i in enumerate(streamed):
                 self.arrivals[i] = (streamer, j)
@@ -210,6 +212,7 @@ class StagedEngine(Engine):
         self._root_in = seen_bytes(args, kwargs)
         self.targets[0].ledger.set_inputs(self._root_in)
         self._compute_on(0)
+        self._moved_at = self._moved_now()
         for s in self.streamers:
             s.begin_forward()
         self.events.begin_forward()
@@ -251,8 +254,9 @@ class StagedEngine(Engine):
         d = self.owner[gi]
         if d != 0 and self.mover.simulated:
             self.mover.tag_outputs(output, d)
+        if last:        # the module's own code runs next, on the main device (Kandinsky5
+            self._compute_on(0)     # embeds its latent between its text and visual blocks)
         if gi == self._last_block and last and self.exit_needed:
-            self._compute_on(0)
             return self._bring_counted(output, 0)
         return None
 
@@ -277,7 +281,13 @@ class StagedEngine(Engine):
             self.check.meter.set_device(d)
 
     def _root_post(self, module, args, output):
+        learned = self.events.learning
         self.events.end_forward()
+        if learned and self.events.never_ran:
+            self._say_never_ran()
+        if self.streamers:
+            now, at = self._moved_now(), getattr(self, "_moved_at", (0, 0))
+            self.moved_per_forward = (now[0] - at[0], now[1] - at[1])
         if not self._pipelined:
             for s in self.streamers:
                 s.end_forward()
@@ -289,6 +299,37 @@ class StagedEngine(Engine):
         output = self._bring_counted(output, 0)     # a tensor that skipped the exit hook
         self.mover.end_forward()
         return output
+
+    # -- what ran -------------------------------------------------------------------------
+    def _moved_now(self):
+        """(bytes, bytes read from the file) of every streamed block that arrived so far."""
+        return (sum(s.arrived_bytes for s in self.streamers),
+                sum(s.arrived_disk_bytes for s in self.streamers))
+
+    def _say_never_ran(self) -> None:
+        """Blocks the first forward never entered: named once per placement; what moves
+        per forward is counted as it arrives, so they count in no per-forward figure."""
+        names = self._never_ran_names()
+        n = len(self.block_modules)
+        streamed = [self.block_labels[i] for i in self.events.never_ran
+                    if self.arrivals and self.arrivals[i] is not None]
+        self.fallbacks.add(
+            "block_never_ran", f"{n} blocks per forward", f"{n - len(names)} blocks per forward",
+            f"the module's forward never entered {', '.join(names)}; "
+            + (f"{len(streamed)} of them streamed, never loaded" if streamed else
+               "counted in no per-forward figure"),
+            stacklevel=4, blocks=names)
+
+    def _never_ran_names(self) -> List[str]:
+        events = self.events
+        if events is None or events.learning:
+            return []
+        return [self.block_labels[i] for i in events.never_ran]
+
+    def _moved_stats(self) -> dict:
+        """What the streamed blocks moved in the last whole forward (0 before one)."""
+        moved, disk = getattr(self, "moved_per_forward", (0, 0))
+        return {"streamed_bytes_per_forward": moved, "disk_bytes_per_forward": disk}
 
     # -- stats --------------------------------------------------------------------------
     @property

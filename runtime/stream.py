@@ -20,15 +20,20 @@ order and does not run ahead past its end; a block arriving out of order drains 
 ring and the rest of that forward loads synchronously at offset 0 (still correct).
 The observed order is then adopted and the ring laid out again. A forward that stops
 midway (error, interrupt) is detected at the next one, which starts from a drained,
-clean ring.
+clean ring. Loading synchronously after that first forward (a block run twice per
+forward, a later forward in another order) is a runtime fallback (fallbacks.py), said
+once per placement.
+
+What moved is counted as it arrives (`arrived_bytes`, `arrived_disk_bytes`): a block
+that never runs moves nothing and counts nothing.
 """
 import time
-import warnings
 from typing import Callable, List, Optional, Sequence
 
 import torch
 
 from ..placement.layout import ring_bytes, ring_layout
+from .fallbacks import Fallbacks
 from .residency import Group, rebind
 from .transfer import ALREADY_DONE
 
@@ -45,8 +50,9 @@ class Source:
 
 class Streamer:
     def __init__(self, target, groups: Sequence[Group], sources: Sequence[Source], depth: int,
-                 staging: Optional[Callable] = None):
-        """`staging(nbytes)` allocates a host staging buffer (disk sources only)."""
+                 staging: Optional[Callable] = None, fallbacks: Optional[Fallbacks] = None):
+        """`staging(nbytes)` allocates a host staging buffer (disk sources only);
+        `fallbacks`: the placement's record of runtime fallbacks (its own if none)."""
         self.target = target
         self.transfer = target.transfer
         self.groups = list(groups)
@@ -67,6 +73,9 @@ class Streamer:
         self.learning = True
         self.observed: List[int] = []
         self.dynamic = False            # a block runs twice per forward: always synchronous
+        self.fallbacks = fallbacks if fallbacks is not None else Fallbacks(None)
+        self.arrived_bytes = 0          # bytes of the blocks that arrived, all forwards
+        self.arrived_disk_bytes = 0     # those read from the weights file
         self._lay_out()
         self._reset()
 
@@ -205,6 +214,9 @@ class Streamer:
         """Block gi is entered: wait for its copy (issuing the next ones), bind it."""
         if self.learning:
             self.observed.append(gi)
+        self.arrived_bytes += self.sizes[gi]
+        if self.reads[gi] is not None:
+            self.arrived_disk_bytes += self.sizes[gi]
         q = self.q
         n = self.n
         if not self.sync and q - self.fstart < n and self.schedule[q % n] == gi:
@@ -235,6 +247,12 @@ class Streamer:
         if not self.sync:
             self.drain()
             self.sync = True
+            if not self.learning:       # the first forward only learns the order
+                self.fallbacks.add(
+                    "synchronous_streaming", self._planned_text(), "synchronous loads",
+                    f"{self.groups[gi].name} arrived out of the order the first forward "
+                    f"ran; the rest of that forward loaded its blocks one by one",
+                    stacklevel=4, device=self.target.name, blocks=[self.groups[gi].name])
         if self.bound[gi] != 0:
             self._bind(gi, 0)
         dst, src = self.ends0[gi]
@@ -247,9 +265,13 @@ class Streamer:
             return False
         if len(set(observed)) != len(observed):
             self.dynamic = True
-            warnings.warn("a streamed block runs more than once per forward; streaming "
-                          "falls back to synchronous loads for this module",
-                          RuntimeWarning, stacklevel=2)
+            twice = sorted({gi for gi in observed if observed.count(gi) > 1})
+            self.fallbacks.add(
+                "synchronous_streaming", self._planned_text(), "synchronous loads",
+                "a streamed block runs more than once per forward, so no order can be "
+                "prefetched; every block is loaded when it is entered",
+                stacklevel=4, device=self.target.name,
+                blocks=[self.groups[gi].name for gi in twice])
             return True
         called = set(observed)
         # blocks never called stay at the end of the schedule and are never loaded
@@ -257,6 +279,9 @@ class Streamer:
         self.n = len(observed)
         self._lay_out()                 # same ring bytes, offsets for the real order
         return True
+
+    def _planned_text(self) -> str:
+        return f"prefetch {self.depth} block{'s' if self.depth != 1 else ''} ahead in the ring"
 
     def drain(self) -> None:
         self.transfer.drain()

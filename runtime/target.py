@@ -10,11 +10,11 @@ from typing import Callable, Optional
 import torch
 
 from ..placement.errors import PlacementError
+from ..placement.room import device_room, margin_for
 from .ledger import Ledger
 from .simdevice import Link, SimTransfer
 from .transfer import CudaTransfer, Ticket
 
-CUDA_FREE_MARGIN = 512 * 1024 ** 2     # seed 002's clamp: free memory minus 512 MiB
 
 
 class Target:
@@ -45,18 +45,22 @@ class Target:
         self.transfer.close()
 
 
-def open_target(device, budget_bytes: Optional[int], link: Optional[Link] = None,
+def open_target(device, budget_bytes: Optional[int], margin_bytes: Optional[int] = None,
+                link: Optional[Link] = None,
                 held_bytes: Callable[[torch.device], int] = lambda d: 0) -> Target:
-    """`device` is a placement.devices.Device. Capacity: the budget, never more than the
-    device's free memory (re-measured now on a real device, minus a margin, plus what
-    `held_bytes(torch_device)` says the component already holds there)."""
+    """`device` is a placement.devices.Device. Capacity: its room (placement/room.py)
+    from the plan's budget and margin (None: the device's own margin) and the device's
+    free memory, measured again now on a real device (plus what `held_bytes(torch
+    device)` says the component already holds there)."""
+    margin = margin_for(device, budget=budget_bytes) if margin_bytes is None \
+        else int(margin_bytes)
+    host = device.kind == "cpu" and not device.simulated
     if device.simulated:
-        capacity = device.free_bytes if budget_bytes is None else min(budget_bytes,
-                                                                      device.free_bytes)
+        capacity = device_room(budget_bytes, device.free_bytes, margin)
         return Target(device.name, SimTransfer(device.name, link or Link()), capacity, True)
     torch_device = device.torch_device or ""
     if torch_device == "cpu":
-        capacity = device.free_bytes if budget_bytes is None else budget_bytes
+        capacity = device_room(budget_bytes, device.free_bytes, margin, host=host)
         return Target(device.name, SimTransfer(device.name, Link(bandwidth=None),
                                                reads_into_dst=True), capacity, False)
     if torch_device.startswith("cuda"):
@@ -65,9 +69,7 @@ def open_target(device, budget_bytes: Optional[int], link: Optional[Link] = None
                                  f"torch here; use a simulated inventory to plan for it")
         dev = torch.device(torch_device)
         free, _total = torch.cuda.mem_get_info(dev)
-        capacity = max(0, free - CUDA_FREE_MARGIN) + held_bytes(dev)
-        if budget_bytes is not None:
-            capacity = min(capacity, budget_bytes)
+        capacity = device_room(budget_bytes, free + held_bytes(dev), margin)
         return Target(device.name, CudaTransfer(torch_device), capacity, False)
     raise PlacementError(f"device {device.name} ({torch_device or 'no torch device'}) is not "
                          f"supported by the streaming runtime; supported: simulated devices, "

@@ -10,7 +10,8 @@ So a block is watched through its units too: on the first forward, every module 
 it that holds tensors; whichever of them runs first is the block's arrival. After that
 forward each block keeps the fewest hooks that still see every entry: the block itself
 when its forward ran, else the outermost units that ran (and any unit that did not run,
-in case a later forward takes another path).
+in case a later forward takes another path). A block none of whose hooks fired in that
+forward never ran (`never_ran`): it is entered neither by its forward nor by its units.
 
 Listeners, in the order they were added:
 - `on_enter(gi)`: once per visit of block gi (the streamer's arrival, a pipeline's gate);
@@ -59,7 +60,8 @@ class BlockEvents:
         self._local = threading.local()
         self._handles = []
         self._unit_handles = [[] for _ in self.blocks]
-        self.via_units = [False] * len(self.blocks)     # learned: forward never called
+        self.via_units = [False] * len(self.blocks)     # learned: entered by its units
+        self.never_ran: List[int] = []                  # learned: not entered at all
 
     # -- hooks ------------------------------------------------------------------------
     def attach(self) -> None:
@@ -119,7 +121,10 @@ class BlockEvents:
                 keep = set()            # its own forward runs: its hooks are enough
             else:
                 keep = self._outermost(block, fired)
-                self.via_units[gi] = True
+                if any(id(u) in fired for u in _units(block)):
+                    self.via_units[gi] = True
+                else:
+                    self.never_ran.append(gi)
             self._hook_units(gi, block, [u for u in _units(block) if id(u) in keep])
         self._fired = set()
 

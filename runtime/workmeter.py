@@ -6,9 +6,11 @@ device computes in host memory, so without this its ledger would see the weights
 block inputs only, and a plan whose working-memory estimate is too small would pass here
 and fail on a card. The device check's dispatch mode (simcheck.py) hands each operation's
 outputs here: a storage that is not one of the operation's inputs is new memory, charged
-to the device the running block belongs to (`set_device`, per thread: pipelined shares
-compute at once), and given back when torch frees that storage (a finalizer on the
-storage itself, so views keep it alive exactly as they keep GPU memory alive). Going past
+to the device its operands are on (in a split, the device check locates them), else to
+the device the running block belongs to (`set_device`, per thread: pipelined shares
+compute at once; a factory has no operands), and given back when torch frees that
+storage (a finalizer on the storage itself, so views keep it alive exactly as they keep
+GPU memory alive). Going past
 the device's capacity raises torch.OutOfMemoryError there, as a GPU would.
 
 What it does not see: workspaces inside a kernel (cuBLAS, flash attention) and the
@@ -22,6 +24,8 @@ from typing import List, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from .subclass_check import plain_call
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -50,7 +54,7 @@ class MeterMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         keys = input_keys(args, kwargs)
-        out = func(*args, **kwargs)
+        out = plain_call(func, args, kwargs)        # tensor subclasses: subclass_check.py
         self.meter.produced(out, keys)
         return out
 
@@ -91,11 +95,28 @@ class WorkMeter:
         hit = self._owner.get(storage_key(t))
         return None if hit is None else hit[0]
 
+    def relocate(self, t: torch.Tensor, d: int) -> None:
+        """`t`'s storage is on device d from now on (a hop's copy, allocated like its
+        source): its bytes are charged there instead."""
+        key = storage_key(t)
+        with self._lock:
+            hit = self._owner.get(key)
+            if hit is None or hit[0] == d:
+                return
+            src, nbytes = hit
+            self._owner[key] = (d, nbytes)
+            self.live[src] -= nbytes
+            self.live[d] += nbytes
+            left, live = self.live[src], self.live[d]
+        self.ledgers[src].set_working(left)
+        self.ledgers[d].set_working(live, f"{tuple(t.shape)} {t.dtype} copied there")
+
     # -- what the dispatch mode reports -------------------------------------------------
-    def produced(self, out, input_keys) -> None:
+    def produced(self, out, input_keys, device=None) -> None:
         """`out`: an operation's result; input_keys: storage keys of its tensor inputs
-        (an in-place operation or a view returns one of them: no new memory)."""
-        d = self.device
+        (an in-place operation or a view returns one of them: no new memory); `device`:
+        where its operands are (the device check knows), else this thread's device."""
+        d = self.device if device is None else device
         self.settle()
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor):
@@ -118,6 +139,8 @@ class WorkMeter:
 
     def settle(self) -> None:
         """Subtract the storages freed since the last operation."""
+        if not self._freed_keys:
+            return
         touched = set()
         with self._lock:
             while self._freed_keys:

@@ -10,7 +10,9 @@
 //   dropdown per component, filled from GET /placement/devices. It writes the grammar
 //   string into the backend / params_backend inputs (typed grammar still works).
 // * Fallbacks (a device this machine lacks): the node gets a warning line (and an orange
-//   frame in the classic renderer), and one toast per run lists what fell back.
+//   frame in the classic renderer), and one toast per run lists what fell back. So do
+//   the runtime's fallbacks of a run (what ran instead of the plan: the measured
+//   record's runtime_fallbacks, runtime/fallbacks.py records, drawn from their fields).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
@@ -77,13 +79,39 @@ function fallbackText(f) {
   return `${who}: backend ${f.asked} -> runs on ${f.used}${why}`;
 }
 
+// A runtime fallback (runtime/fallbacks.py): {kind, component, planned, ran, why, device?}
+const RUNTIME_KINDS = {
+  block_never_ran: "blocks that never ran",
+  row_to_layer: "row split ran as a layer split",
+  synchronous_streaming: "streaming ran synchronously",
+  plan_rederived: "plan re-derived at run time",
+  comfy_cast_path: "finished on ComfyUI's cast path",
+};
+function runtimeFallbacks(st) {
+  return (st.measured?.runtime_fallbacks ?? []).filter((f) => f && typeof f === "object");
+}
+function runtimeFallbackText(f) {
+  const shown = (v) => (typeof v === "string" ? v : JSON.stringify(v));
+  const who = f.component ? `${f.component}: ` : "";
+  const where = f.device ? ` on ${f.device}` : "";
+  const why = f.why ? ` (${f.why})` : "";
+  return `${who}${RUNTIME_KINDS[f.kind] ?? f.kind}${where}: planned ${shown(f.planned)}, ran ${shown(f.ran)}${why}`;
+}
+
 // What a run measured (nodes/measured.py), sent when sampling and decode end: kept
 // beside the plan, never in a widget. Its lines are the ones the server logged.
 api.addEventListener("placement.measured", (e) => {
   const rec = e.detail;
   const node = app.graph?.getNodeById?.(rec?.node) ?? app.graph?.getNodeById?.(Number(rec?.node));
   if (!node) return;
-  state(node).measured = rec;
+  const st = state(node);
+  st.measured = rec;
+  const ran = runtimeFallbacks(st).map(runtimeFallbackText);
+  if (ran.length) {
+    const key = String(node.id), had = runWarnings.get(key);
+    runWarnings.set(key, { type: node.comfyClass,
+                           lines: [...new Set([...(had?.lines ?? []), ...ran])] });
+  }
   render(node);
 });
 
@@ -257,11 +285,17 @@ function render(node) {
   el.replaceChildren();
   el.dataset.nodeId = String(node.id);
   st.shown = { errors: nodeErrors(node), fallbacks: [], predicted: null, measured: [], bars: [] };
-  el.classList.toggle("fell-back", st.fallbacks.length > 0);
+  const ran = runtimeFallbacks(st);
+  el.classList.toggle("fell-back", st.fallbacks.length > 0 || ran.length > 0);
   for (const f of st.fallbacks) {
     const text = `⚠ fell back: ${fallbackText(f)}`;
     st.shown.fallbacks.push(text);
     line(el, text, "pl-warn pl-fallback");
+  }
+  for (const f of ran) {
+    const text = `⚠ fell back at run time: ${runtimeFallbackText(f)}`;
+    st.shown.fallbacks.push(text);
+    line(el, text, "pl-warn pl-fallback pl-runtime-fallback");
   }
   for (const msg of st.shown.errors) line(el, `✖ ${msg}`, "pl-error");
   for (const n of st.notices ?? []) line(el, `⚠ ${n}`, "pl-warn pl-notice");
@@ -315,7 +349,9 @@ function predictedLine(plan) {
 }
 
 function drawBars(el, st, plan) {
-  const bars = phaseBars(plan, st.shownComponents);
+  // after a run, the plan that ran (nodes/measured.py's record): the bars and the
+  // measured line then show one planned figure per device and phase
+  const bars = phaseBars(st.measured?.plan ?? plan, st.shownComponents);
   if (!bars.length) return;
   const legend = document.createElement("div");
   legend.className = "pl-legend pl-dim";
@@ -563,7 +599,8 @@ app.registerExtension({
     nodeType.prototype.onDrawForeground = function (ctx) {
       // the classic renderer only: an orange frame round a node that fell back
       onDrawForeground?.apply(this, arguments);
-      if (!state(this).fallbacks.length || this.flags?.collapsed) return;
+      const st = state(this);
+      if ((!st.fallbacks.length && !runtimeFallbacks(st).length) || this.flags?.collapsed) return;
       const title = globalThis.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
       ctx.save();
       ctx.strokeStyle = COLORS.warn; ctx.lineWidth = 3;

@@ -4,7 +4,8 @@ from typing import Mapping, Optional, Tuple
 
 from ..components import COMPONENTS
 from ..errors import PlacementError
-from ..units import GiB, MiB, format_bytes
+from ..room import MARGIN, device_room, margin_for
+from ..units import GiB, format_bytes
 
 OFFLOAD_MODES = ("auto", "none", "model", "balanced", "sequential")
 
@@ -14,7 +15,7 @@ class FitOptions:
     """Knobs of the planner; every default is documented in docs/autofit.md."""
     offload_mode: str = "auto"           # auto | none | model | balanced | sequential
     balanced_threshold: float = 0.75     # balanced: plan at most this share of each GPU
-    budget_margin: int = 512 * MiB       # a GPU without a budget gets free - margin
+    budget_margin: int = MARGIN          # a real accelerator keeps it free inside its room
     host_budget: Optional[int] = None    # bytes of host RAM for weights; None: free - margin
     host_margin: int = 2 * GiB
     prefetch_depth: Optional[int] = None  # blocks in flight while one computes; None: the
@@ -82,17 +83,17 @@ def device_budgets(request, inventory, options: FitOptions):
     asked = getattr(request, "budgets", {}) or {}
     for dev in inventory.accelerators():
         given = asked.get(dev.name)
+        margin = margin_for(dev, int(options.budget_margin), given)
+        less = f" - margin {format_bytes(margin)}" if margin else ""
+        budget = device_room(given, dev.free_bytes, margin)
         if given is None:
-            budget = max(0, dev.free_bytes - int(options.budget_margin))
-            how = (f"free {format_bytes(dev.free_bytes)} - margin "
-                   f"{format_bytes(options.budget_margin)}")
+            how = f"free {format_bytes(dev.free_bytes)}{less}"
         else:
-            budget = max(0, min(int(given), dev.free_bytes))
-            how = "max_vram"
+            how = f"max_vram{less}"
             if given > dev.free_bytes:
                 notes.append(f"{dev.name}: max_vram {format_bytes(given)} is more than its free "
                              f"{format_bytes(dev.free_bytes)}; planning with the free memory")
-                how = "free memory (max_vram above it)"
+                how = f"free memory (max_vram above it){less}"
         if options.offload_mode == "balanced":
             cap = int(dev.total_bytes * float(options.balanced_threshold))
             if cap < budget:

@@ -319,7 +319,7 @@ def _estimate(component, arch, family, dims: "_Dims", shape, act) -> Tuple[int, 
     found = None
     if component in ("diffusion", "controlnet") or family == "diffusion":
         if arch in hr.UNETS or (arch == "controlnet" and dims.unet_channels()):
-            found = hr.unet(dims.unet_channels() or 320, shape, act)
+            found = hr.unet(dims.unet_channels() or 320, shape, act, arch)
         elif arch in hr.DIT or arch == "controlnet":
             hidden = dims.hidden()
             if hidden:

@@ -43,22 +43,44 @@ class DiT(NamedTuple):
     cfg: int            # 2: cond and uncond run as one batch
 
 
-# c calibrated against ComfyUI's memory_usage_factor (flash-attention path) and rounded
-# up; see docs/metadata.md for the arithmetic.
+# c: the rehearsal's peak (runtime/rehearse.py, the fused-attention GPU) of the
+# released model at the shapes above, over tokens x hidden x act_bytes, times about 1.4
+# and rounded (benchmarks/working_memory_estimate.py; the arithmetic in docs/metadata.md).
 DIT = {
-    "flux": DiT(44, 16, 0, 512, 1), "chroma": DiT(44, 16, 0, 512, 2),
-    "flux2": DiT(50, 16, 0, 512, 1), "sd3": DiT(44, 16, 0, 333, 2),
-    "hidream": DiT(40, 16, 0, 512, 2), "auraflow": DiT(44, 16, 0, 256, 2),
-    "hunyuan_video": DiT(28, 16, 4, 256, 1), "qwen_image": DiT(28, 16, 0, 1024, 2),
-    "z_image": DiT(32, 16, 0, 512, 2), "lumina2": DiT(32, 16, 0, 512, 2),
-    "wan": DiT(24, 16, 4, 512, 2), "ltxv": DiT(32, 32, 8, 256, 2),
-    # Kandinsky 5: HunyuanVideo's VAE (8x, 4x in time), patch 2, Qwen2.5-VL text; its
-    # constant by kinship with HunyuanVideo's (not calibrated: docs/metadata.md)
-    "kandinsky5": DiT(28, 16, 4, 256, 2),
+    "flux": DiT(20, 16, 0, 512, 1), "chroma": DiT(20, 16, 0, 512, 2),
+    "flux2": DiT(25, 16, 0, 512, 1), "sd3": DiT(29, 16, 0, 333, 2),
+    "hidream": DiT(40, 16, 0, 512, 2), "auraflow": DiT(17, 16, 0, 256, 2),
+    "hunyuan_video": DiT(18, 16, 4, 256, 1), "qwen_image": DiT(15, 16, 0, 1024, 2),
+    "z_image": DiT(21, 16, 0, 512, 2), "lumina2": DiT(28, 16, 0, 512, 2),
+    "wan": DiT(13, 16, 4, 512, 2), "ltxv": DiT(15, 32, 8, 256, 2),
+    # Kandinsky 5: HunyuanVideo's VAE (8x, 4x in time), patch 2, Qwen2.5-VL text
+    "kandinsky5": DiT(10, 16, 4, 256, 2),
+    # PixArt: T5 prompt of up to 300 tokens (cross-attention)
+    "pixart": DiT(16, 16, 0, 300, 2),
+    # HunyuanDiT: 77 CLIP and 256 mT5 tokens (cross-attention)
+    "hunyuan_dit": DiT(44, 16, 0, 333, 2),
+    # CogVideoX: 8x/4x VAE, patch 2; 226 T5 tokens joined to the video's
+    "cogvideox": DiT(28, 16, 4, 226, 2),
+    # Cosmos Predict2: Wan 2.1's VAE, patch 2; 512 T5 tokens (cross-attention)
+    "cosmos": DiT(16, 16, 4, 512, 2),
+    # Hunyuan3D 2.0/2.1: a row of shape tokens (the workload's width is 8 px per token,
+    # runtime/comfy/workload.from_latent_shape) and 1370 DINOv2 image tokens (518 px)
+    "hunyuan3d": DiT(20, 8, 0, 1370, 2), "hunyuan3d21": DiT(28, 8, 0, 1370, 2),
+    # Mochi: 8x/6x VAE, patch 2; 256 T5 tokens
+    "mochi": DiT(21, 16, 6, 256, 2),
+    # Stable Cascade: stage C's latent is 42x smaller than the image, stage B's 4x; the
+    # width is the one most of its blocks take
+    "cascade_c": DiT(23, 42, 0, 77, 2), "cascade_b": DiT(6, 4, 0, 8, 2),
+    # ACE-Step: 16 latent rows of 8 px patched into one token per latent column, so
+    # 32 px a side makes the workload's (8 x columns) x 128 px one token a column; 77
+    # text and 256 lyric tokens (cross-attention)
+    "ace_step": DiT(19, 32, 0, 333, 2),
     "dit": DiT(44, 16, 0, 512, 2),
 }
-UNETS = {"sd1_unet", "sd2_unet", "sdxl_unet"}
-UNET_C = 36
+UNETS = {"sd1_unet", "sd2_unet", "sdxl_unet", "svd_unet"}
+# per architecture: SDXL keeps no attention at its full-resolution level
+UNET_C = {"sd1_unet": 36, "sd2_unet": 36, "sdxl_unet": 22, "svd_unet": 36}
+UNET_C_DEFAULT = 36
 # VAE decode: activation elements per output pixel (frames handled per arch below).
 VAE_ELEMENTS = {"taesd": 320, "wan_vae": 2200, "wan_vae_video": 7000,
                 "ltxv_vae": 1200, "hunyuan_vae": 2800}
@@ -88,10 +110,11 @@ def dit(arch: str, hidden: int, shape: LatentShape, act_bytes: int, px: Optional
                              f"+ {format_bytes(WORKSPACE)} workspace")
 
 
-def unet(channels: int, shape: LatentShape, act_bytes: int) -> Tuple[int, str]:
+def unet(channels: int, shape: LatentShape, act_bytes: int, arch: str = "") -> Tuple[int, str]:
+    c = UNET_C.get(arch, UNET_C_DEFAULT)
     positions = math.ceil(shape.width / 8) * math.ceil(shape.height / 8) * shape.batch * 2
-    act = UNET_C * positions * channels * act_bytes
-    return WORKSPACE + act, (f"{positions} latent positions x {channels} channels x {UNET_C} x "
+    act = c * positions * channels * act_bytes
+    return WORKSPACE + act, (f"{positions} latent positions x {channels} channels x {c} x "
                              f"{act_bytes} B + {format_bytes(WORKSPACE)} workspace")
 
 

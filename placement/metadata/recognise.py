@@ -124,6 +124,8 @@ def _controlnet(tops, hint):
 def _diffusion(tops, names, has_prefix):
     R = lambda arch: Recognised("diffusion", "diffusion", arch)
     if "double_blocks" in tops and "single_blocks" in tops:
+        if "latent_in" in tops:                 # Hunyuan3D 2.0: shape tokens, image tokens
+            return R("hunyuan3d")
         if "distilled_guidance_layer" in tops:
             return R("chroma")
         if "double_stream_modulation_img" in tops:
@@ -131,6 +133,8 @@ def _diffusion(tops, names, has_prefix):
         if has_prefix("txt_in.individual_token_refiner"):
             return R("hunyuan_video")
         return R("flux")
+    if "double_blocks" in tops and has_prefix("txt_in.individual_token_refiner"):
+        return R("hunyuan_video")               # HunyuanVideo 1.5: no single blocks
     if "joint_blocks" in tops:
         return R("sd3")
     if "double_stream_blocks" in tops:
@@ -140,6 +144,8 @@ def _diffusion(tops, names, has_prefix):
     if "visual_transformer_blocks" in tops and "text_transformer_blocks" in tops:
         return R("kandinsky5")
     if "input_blocks" in tops and "output_blocks" in tops:
+        if "label_emb" in tops and any(".time_stack." in n for n in names):
+            return R("svd_unet")                # SVD: SDXL-like with temporal layers
         if "label_emb" in tops:
             return R("sdxl_unet")
         return R("sd2_unet" if _context_dim(names) == 1024 else "sd1_unet")
@@ -152,6 +158,8 @@ def _diffusion(tops, names, has_prefix):
         return R("z_image" if x is not None and x.shape[0] == 3840 else "lumina2")
     if "blocks" in tops and "patch_embedding" in tops:
         return R("wan")
+    if "transformer_blocks" in tops and "lyric_encoder" in tops:
+        return R("ace_step")                    # ACE-Step: audio
     if "transformer_blocks" in tops:
         if "single_transformer_blocks" in tops:
             return R("flux")
@@ -164,6 +172,24 @@ def _diffusion(tops, names, has_prefix):
         if {"x_embedder", "context_embedder", "time_text_embed"} <= tops:
             return R("flux")        # diffusers' Flux with no single blocks
         return R("dit")
+    if "down_blocks" in tops and "up_blocks" in tops and "clip_txt_mapper" in tops:
+        return R("cascade_c")                   # Stable Cascade stage C
+    if "down_blocks" in tops and "up_blocks" in tops and "effnet_mapper" in tops:
+        return R("cascade_b")                   # Stable Cascade stage B
+    if "blocks" in tops:
+        # ComfyUI's own layouts of these, told as its model detection tells them
+        if "t5_y_embedder" in tops:
+            return R("mochi")
+        if "mlp_t5" in tops:
+            return R("hunyuan_dit")
+        if {"t_block", "y_embedder"} <= tops:
+            return R("pixart")
+        if "t_embedding_norm" in tops or "blocks.0.mlp.layer1.weight" in names:
+            return R("cosmos")
+        if "patch_embed" in tops and "blocks.0.norm1.linear.weight" in names:
+            return R("cogvideox")
+        if "t_embedder.mlp.2.weight" in names and "blocks.0.attn1.k_norm.weight" in names:
+            return R("hunyuan3d21")
     if "blocks" in tops and ({"x_embedder", "t_embedder", "t_block", "patch_embed",
                               "pos_embed", "time_embed", "adaln_single"} & tops):
         return R("dit")

@@ -34,11 +34,12 @@ from ...placement.errors import PlacementError
 from ...runtime.hoststore import drop_store, store_for
 from ...runtime.place import place
 from ...runtime.shadow import Shadow
-from .sampling_session import engine_clone
+from .sampling_session import engine_clone, note_cast_path
 from .engine_patcher import KEY
 from .patch_errors import patches_must_apply
 from .row_lora import row_lora_options
 from .shares import load_shares_with, register_shares
+from .skips import joins_follow
 from .te_files import clip_disk_source, clip_files
 
 log = logging.getLogger("comfyui-placement")
@@ -80,10 +81,11 @@ class CallSession:
         placed, self.placed = self.placed, None
         if placed is None:
             return
-        self._leave(placed, self._record)
+        record = self._record
+        self._leave(placed, record)
         self.releases.append(device)
-        log.info("placement %s: device memory given back to ComfyUI during a call (room "
-                 "asked on %s)", self.component, device)
+        note_cast_path(record["stats"], self.plan, self.component, device,
+                       record.get("method", "call"), "the next call places it again")
 
     def on_deepclone_multigpu(self, patcher, clone):
         raise PlacementError(f"{self.component}: a component placed by the pack's engine "
@@ -115,18 +117,20 @@ class CallSession:
             options = {"weights_file": self.weights_file,
                        "key_map": lambda k: inner_map(k[len(WRAPPED):])}
         cp = self.plan.components[self.component]
+        record = {"method": method, "outcome": "raised"}
+        options.update(self._rehearsed(module, wrapper, method, args, kwargs, record))
         # row split: ComfyUI's LoRA patches on the sharded Linears go in as lora= (row_lora)
         with row_lora_options(wrapper, cp) as lora_options:
+            # the call was rehearsed above (rehearse_call.py): no second rehearsal
             placed = place(wrapper, self.plan, self.component, self.inventory,
                            host_store=store_for(module), repoint=shadow.repoint,
-                           **options, **lora_options)
-            record = {"method": method, "outcome": "raised"}
+                           rehearse=False, **options, **lora_options)
             self.calls.append(record)
             with torch.inference_mode(False):
                 placed.__enter__()
         self.placed, self._record = placed, record
         try:
-            with patches_must_apply(self.component):
+            with patches_must_apply(self.component), joins_follow(placed):
                 out = wrapper(*args, **kwargs)
             record["outcome"] = "ok"
             return out
@@ -137,6 +141,57 @@ class CallSession:
             if self.placed is placed:        # not already left for ComfyUI
                 self.placed = None
                 self._leave(placed, record)
+
+
+    def _rehearsed(self, module, wrapper, method: str, args, kwargs, record) -> dict:
+        """The call rehearsed on the meta device at its real inputs (rehearse_call.py), as
+        the diffusion model's first call is: its working memory, plus its inputs on the
+        main device and the kernel workspace, is what the engine reserves for this call
+        (place's headroom_bytes) in place of the metadata's estimate, and what the call's
+        plan holds per device (`record["planned"]`: weights and ring by the engine's byte
+        model, runtime/footprint.py, plus that working memory), the figure the node shows
+        as planned. A call that cannot run weightless keeps the plan's estimate and says
+        why in `record["unrehearsed"]`."""
+        from ..footprint import footprint
+        from .rehearse_call import plan_split, try_rehearse_method
+        got, why = try_rehearse_method(module, method, args, kwargs,
+                                       plan_split(self.plan, self.component))
+        if got is None:
+            record["unrehearsed"] = why
+            log.warning("placement %s: the working memory of %s could not be rehearsed (%s); "
+                        "the plan's estimate stands", self.component, method, why)
+            return {}
+        cp = self.plan.components[self.component]
+        workspace = int(self.inventory.workspace_bytes() or 0)
+        per_device = dict(got.per_device)
+        headroom = {d: workspace + int(per_device.get(d, got.working_bytes))
+                    + (got.input_bytes if d == cp.main_device else 0) for d in cp.runtime}
+        weights, _ = footprint(wrapper, self.plan, self.component, self.inventory,
+                               headroom=max(headroom.values()))
+        record["rehearsal"] = dict(got.to_dict(), workspace_bytes=workspace,
+                                   headroom_bytes=headroom,
+                                   estimate_bytes=cp.headroom_bytes)
+        record["planned"] = {d: int(weights.get(d, 0)) + headroom[d] for d in cp.runtime
+                             if self.plan.device(d).kind != "cpu"}
+        return {"headroom_bytes": headroom}
+
+    def planned_by_device(self, methods=None) -> dict:
+        """{device: bytes} the last rehearsed call (of `methods`, default any) planned, the
+        largest over the calls of that method made one after another (a tiled decode's
+        tiles); empty: none was rehearsed."""
+        out, method = {}, None
+        for c in reversed(self.calls):
+            if methods is not None and c["method"] not in methods:
+                if method is None:
+                    continue
+                break
+            if method is not None and c["method"] != method:
+                break
+            if c.get("planned"):
+                method = c["method"]
+                for d, b in c["planned"].items():
+                    out[d] = max(out.get(d, 0), int(b))
+        return out
 
 
 class EngineModuleProxy:

@@ -16,6 +16,7 @@ patch changes weights, not activations) and every floating weight has the comput
 are left out: they belong to the real run.
 """
 import collections
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -31,7 +32,7 @@ from ...runtime.rehearse import meta_like, rehearse, rehearse_split
 from ...runtime.shadow import meta_tensor, structural_copy
 from ...runtime.split.layer import ranges_to_owner
 from ...runtime.tensors import seen_bytes
-from .skips import skip_follow_patch
+from .skips import JoinsFollow, skip_follow_patch
 
 _COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # network -> copy
 _RESULTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # network -> {sig: bytes}
@@ -219,5 +220,138 @@ def try_rehearse(base, args, kwargs, split=None, batch=None
     try:
         return rehearse_call(base, args, kwargs, split, batch), ""
     except Exception as exc:          # a forward that cannot run weightless: say why
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return None, f"{type(exc).__name__}: {first}"
+
+
+# -- calls outside the sampler: text encoders and VAEs (engine_calls.py) -----------------
+class _Method(nn.Module):
+    """forward = one method of `inner` (encode, decode, encode_token_weights)."""
+
+    def __init__(self, inner: nn.Module, method: str):
+        super().__init__()
+        self.inner = inner
+        self.method = method
+
+    def forward(self, *args, **kwargs):
+        return getattr(self.inner, self.method)(*args, **kwargs)
+
+
+def call_copy(module: nn.Module) -> nn.Module:
+    """A weightless copy of `module` that computes as the placed call does: every weight
+    in its own dtype, ComfyUI's cast layers still casting (a text encoder stored in fp16
+    computes in fp32 on the cpu: each layer's weight is cast for its operation, working
+    memory the device holds too); LoRA weight functions and other packs' hooks left out."""
+    copy, _ = structural_copy(module, meta_tensor)
+    for m in copy.modules():
+        if getattr(m, "execution_device", None) is not None:   # a CLIP's set_clip_options:
+            m.execution_device = torch.device("meta")          # its tokens made on meta
+        if hasattr(m, "weight_function"):
+            m.weight_function, m.bias_function = [], []
+        m._forward_hooks = collections.OrderedDict()
+        m._forward_pre_hooks = collections.OrderedDict()
+    return copy
+
+
+def _call_signature(method: str, args, kwargs) -> tuple:
+    leaves, spec = tree_flatten((args, kwargs))
+    return (method, repr(spec)) + tuple((tuple(t.shape), str(t.dtype)) for t in leaves
+                                        if isinstance(t, torch.Tensor))
+
+
+def _call_blocks(copy: nn.Module, names: Optional[list]) -> list:
+    return [b for _, b in find_blocks(copy, names) if next(b.parameters(), None) is not None]
+
+
+class _Joining(nn.Module):
+    """`inner` run with the lists its code joins brought to one device, as the engine's
+    call does (skips.joins_follow): those copies are working memory where they land."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.follow = None
+
+    def prepare(self, follow, args, kwargs):
+        self.follow = follow
+        return args, kwargs
+
+    def forward(self, *args, **kwargs):
+        with JoinsFollow(self.follow):
+            return self.inner(*args, **kwargs)
+
+
+def rehearse_method(module: nn.Module, method: str, args, kwargs, split=None,
+                    block_names=None) -> Rehearsal:
+    """Rehearse `module.<method>(*args, **kwargs)` (a VAE's encode or decode, a tile of
+    decode_tiled, a CLIP's encode_token_weights) on the meta device at these inputs: the
+    peak of the tensors it computes, and with `split` ({device: [first, last]}, [device
+    names]) of a layer split the peak on each device. Cached per module and input shapes
+    (a fresh copy each time otherwise: options ComfyUI sets on the module before a call,
+    such as a CLIP's execution device, are the call's own). Raises what the call raised
+    on the meta device; try_rehearse_method says it in one line."""
+    start = time.perf_counter()
+    results = _RESULTS.setdefault(module, {})
+    sig = _call_signature(method, args, kwargs)
+    key = sig if split is None else (sig, repr(sorted(split[0].items())), tuple(split[1]))
+    hit = results.get(key)
+    if hit is None:
+        wrapper = _Method(call_copy(module), method)
+        inputs = seen_bytes(args, kwargs)
+        with _free_memory_of_meta():
+            working = rehearse(wrapper, args, kwargs)
+        per_device = ()
+        if split is not None:
+            ranges, names = split
+            blocks = _call_blocks(wrapper, block_names)
+            owner = ranges_to_owner(ranges, list(names), len(blocks))
+            if owner is not None:
+                joined = _Joining(wrapper)
+                peaks = rehearse_split(joined, args, kwargs, blocks, owner, len(names),
+                                       joined.prepare)
+                per_device = tuple(zip(names, peaks))
+        hit = results[key] = (working, per_device, inputs, _describe_call(method, args))
+    working, per_device, inputs, words = hit
+    return Rehearsal(working, time.perf_counter() - start, words, per_device, inputs)
+
+
+@contextlib.contextmanager
+def _free_memory_of_meta():
+    """ComfyUI's VAEs size their chunks from the free (or total) memory of the latent's
+    device (comfy.model_management.get_free_memory / get_total_memory(x.device)); on
+    meta it has none to report: the rehearsal answers with ComfyUI's compute device's,
+    as the real call would see it. Put back when the rehearsal ends (the rehearsal runs
+    in the calling thread before the call's placement opens)."""
+    import comfy.model_management as mm
+    originals = {n: getattr(mm, n) for n in ("get_free_memory", "get_total_memory")}
+
+    def asking(original):
+        def ask(dev=None, torch_too=False):
+            if dev is not None and torch.device(dev).type == "meta":
+                dev = mm.get_torch_device()
+            return original(dev, torch_too)
+        return ask
+    for n, f in originals.items():
+        setattr(mm, n, asking(f))
+    try:
+        yield
+    finally:
+        for n, f in originals.items():
+            setattr(mm, n, f)
+
+
+def _describe_call(method: str, args) -> str:
+    first = args[0] if args else None
+    if isinstance(first, torch.Tensor):
+        return f"{method} {tuple(first.shape)}"
+    return f"{method} of {len(first) if isinstance(first, (list, tuple)) else 1} prompt(s)"
+
+
+def try_rehearse_method(module, method, args, kwargs, split=None, block_names=None
+                        ) -> Tuple[Optional[Rehearsal], str]:
+    """(rehearsal, "") or (None, why not) in one line."""
+    try:
+        return rehearse_method(module, method, args, kwargs, split, block_names), ""
+    except Exception as exc:          # a call that cannot run weightless: say why
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return None, f"{type(exc).__name__}: {first}"

@@ -39,6 +39,7 @@ import comfy.sd
 
 from ...placement.errors import PlacementError
 from ...placement.report import short_bytes
+from ...runtime.fallbacks import describe, make
 from ...runtime.hoststore import drop_store, store_for
 from ...runtime.place import place
 from ...runtime.shadow import Shadow
@@ -181,8 +182,8 @@ class SamplingSession:
             return
         self.close()
         self.releases.append(device)
-        log.info("placement %s: device memory given back to ComfyUI (room asked on %s)",
-                 self.component, device)
+        note_cast_path(self.last_stats, self.plan, self.component, device, "model call",
+                       "the next model call places it again")
 
     def place_options(self, module) -> dict:
         """runtime.place options every placement of `module` needs (params disk: the file;
@@ -206,9 +207,10 @@ class SamplingSession:
         shadow = Shadow(module)              # the engine places a copy, never `module`
         # row split: ComfyUI's LoRA patches on the sharded Linears go in as lora= (row_lora)
         with row_lora_options(shadow.module, cp) as lora_options:
+            # ComfyUI's first model call was rehearsed and planned for (rehearse_call.py)
             placed = place(shadow.module, self.plan, self.component, self.inventory,
                            host_store=store_for(module), repoint=shadow.repoint,
-                           **options, **lora_options)
+                           rehearse=False, **options, **lora_options)
             # ComfyUI samples under inference_mode; buffers made there would be inference
             # tensors, which the engine's copy thread (outside inference mode) may not write.
             with torch.inference_mode(False):
@@ -229,6 +231,23 @@ class SamplingSession:
             log.info("placement %s on %s: peak %s of %s, %s copied in",
                      self.component, name, short_bytes(d.get("peak_bytes", 0)),
                      short_bytes(d.get("capacity_bytes", 0)), short_bytes(d.get("h2d_bytes", 0)))
+
+
+def note_cast_path(stats: dict, plan, component: str, device: str, call: str,
+                   after: str) -> dict:
+    """ComfyUI asked for memory on `device` in the middle of a placed call: the placement
+    was left and the rest of the call ran on ComfyUI's cast path. A runtime fallback
+    (runtime/fallbacks.py) in the stats of the placement that was left, and a warning in
+    the log; the node shows it (nodes/measured.py)."""
+    runtime = "&".join(plan.components[component].runtime)
+    record = make("comfy_cast_path", component, f"placed by the pack's engine on {runtime}",
+                  "ComfyUI's cast path from the resting weights",
+                  f"ComfyUI asked for memory on {device} during a {call}; the placement "
+                  f"gave its memory back and the rest of that call computed from the "
+                  f"weights where they rest; {after}", device=device)
+    stats.setdefault("fallbacks", []).append(record)
+    log.warning("placement %s", describe(record))
+    return record
 
 
 def engine_clone(patcher, load_device, offload_device, what: str):

@@ -6,8 +6,13 @@ the input blocks on one device and the output blocks on another, a GPU refuses t
 cat. ComfyUI's `output_block_patch` (transformer_options["patches"], called as
 `h, hsp = p(h, hsp, transformer_options)` just before the cat) is the supported point
 to bring `hsp` to the device `h` is on; the caller's options are copied, not changed.
+Text encoders keep block outputs in a list their own code joins (joins_follow below).
 """
+from contextlib import nullcontext
 from typing import Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
 
 
 def skip_follow_patch(follow: Callable):
@@ -39,3 +44,39 @@ def with_skip_follow(args, kwargs, follow: Callable):
     else:
         kwargs = {**kwargs, "transformer_options": options}
     return tuple(args), kwargs
+
+
+# torch functions that join a list of tensors into one: every operand on one device
+_JOINS = {torch.cat, torch.concat, torch.concatenate, torch.stack, torch.hstack,
+          torch.vstack, torch.dstack}
+
+
+class JoinsFollow(TorchFunctionMode):
+    """While active: the tensors of a list torch joins brought to its first one's device
+    by `follow(x, like)` (the placement's, or the rehearsal's hops)."""
+
+    def __init__(self, follow: Callable):
+        super().__init__()
+        self.follow = follow
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _JOINS and args and isinstance(args[0], (list, tuple)):
+            first = next((t for t in args[0] if isinstance(t, torch.Tensor)), None)
+            if first is not None:
+                joined = type(args[0])(self.follow(t, first) if isinstance(t, torch.Tensor)
+                                       else t for t in args[0])
+                args = (joined,) + tuple(args[1:])
+        return func(*args, **kwargs)
+
+
+def joins_follow(placed):
+    """A layer-split call's own code that keeps block outputs in a list and joins them
+    (ComfyUI's Llama2_ concatenates the hidden states of every layer it was asked for,
+    SDXL's CLIP the outputs of CLIP-L and CLIP-G, each taken from a layer on its own
+    device): a GPU refuses operands on two devices, so each is brought to the device of
+    the list's first tensor (`placed.follow`, a hop like the UNet's skips). Other
+    placements: nothing to bring."""
+    if getattr(placed, "mover", None) is None or not hasattr(placed, "follow"):
+        return nullcontext()
+    return JoinsFollow(placed.follow)

@@ -124,7 +124,7 @@ class RemoteStages:
             self.local = self._stack.enter_context(place(
                 self.module, self.local_plan, self.component, self.inventory,
                 blocks=self.local_blocks, skip_blocks=self.remote_blocks,
-                **self.local_options))
+                **{**self.local_options, "rehearse": False}))   # workers' blocks: not on meta
         except BaseException:
             self._stack.close()
             raise

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..subclass_check import build_subclass
 from .dequant import dequantize, quantized_nbytes
 from .types import dequantizable
 
@@ -77,7 +78,7 @@ def quantized_rows(linear: nn.Module) -> Optional[Callable[[torch.Tensor, torch.
     cls, shape = type(w), tuple(w.tensor_shape)
 
     def rows_to_float(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        t = cls(rows, tensor_type=qtype, tensor_shape=torch.Size((rows.shape[0],) + shape[1:]),
-                patches=[])
+        t = build_subclass(cls, rows, tensor_type=qtype, patches=[],
+                           tensor_shape=torch.Size((rows.shape[0],) + shape[1:]))
         return torch.Tensor(linear.get_weight(t, dtype))
     return rows_to_float

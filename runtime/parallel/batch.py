@@ -40,6 +40,7 @@ from torch import nn
 
 from ...placement.errors import PlacementError
 from ...placement.plan import Plan
+from ..fallbacks import merged
 from ..hoststore import HostStore
 from ..one_device import Placed
 from ..shadow import Shadow
@@ -142,9 +143,11 @@ class BatchPlaced:
                 shadow = Shadow(self.module)
                 _drop_root_hooks(shadow.module)
                 repoint = self._chained_repoint(shadow) if i == 0 else None
+                # loaded now, in turn (each packs the host copy the next one shares)
                 placed = Placed(shadow.module, device_plan(self.plan, self.component, d),
                                 self.component, self.inventory, link=self.links[d],
-                                host_store=self.store, repoint=repoint, **self.options)
+                                host_store=self.store, repoint=repoint,
+                                **{**self.options, "rehearse": False})
                 placed.__enter__()
                 self.shadows.append(shadow)
                 self.placed.append(placed)
@@ -332,6 +335,8 @@ class BatchPlaced:
                 "host_pack_bytes": sum(s.get("host_pack_bytes", 0) for s in per.values()),
                 "device_check": next((c for c in checks if c != "on"),
                                      checks[0] if checks else None),
+                # each device's runtime fallbacks (runtime/fallbacks.py), each once
+                "fallbacks": merged(*(s.get("fallbacks") for s in per.values())),
                 "per_device": per}
 
     def stats(self) -> dict:

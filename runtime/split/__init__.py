@@ -8,7 +8,7 @@ layer split (pipeline.py; option shares=N). See docs/split.md.
 from ...placement.errors import PlacementError
 from .layer import LayerSplit
 from .pipeline import PipelinedSplit
-from .row import RowSplit, fallback_warning
+from .row import RowSplit, fall_back_to_layer
 
 SPLIT_MODES = ("layer", "row")
 
@@ -38,7 +38,10 @@ def place_split(module, plan, component: str, inventory, **options):
                                  f"layer with stream_layers, or turn streaming off")
         if RowSplit.applies(module, options.get("blocks")):
             return RowSplit(module, plan, component, inventory, **options)
-        fallback_warning(component, module)
+        # nothing to shard: a layer split runs, and says so in its stats
+        split = LayerSplit(module, plan, component, inventory, **options)
+        fall_back_to_layer(split, module)
+        return split
     if pipeline:
         return PipelinedSplit(module, plan, component, inventory, **options)
     return LayerSplit(module, plan, component, inventory, **options)

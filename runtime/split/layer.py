@@ -11,8 +11,10 @@ The engine is runtime/stages.py's (the one-device placement is its one-stage cas
 this file decides the ranges and each device's resident prefix. Per block the hot path
 is one pre-hook bound to precomputed values (device index, ledger, whether it enters a
 range): bring the arguments, note the activations.
+
+Where the plan's ranges or prefixes do not fit the module as it runs, they are derived
+here again: a runtime fallback (runtime/fallbacks.py) naming both, in the stats.
 """
-import warnings
 from typing import List
 
 from ...placement.errors import PlacementError
@@ -28,6 +30,7 @@ ranges_to_owner = owner_of
 class LayerSplit(StagedEngine):
     """The staged engine over two or more devices (stages.py has the engine)."""
     mode = "layer"
+    _rehearses = True       # each device's prefix sized from the rehearsed first call
 
     def __init__(self, module, plan, component: str, inventory, **options):
         super().__init__(module, plan, component, inventory, **options)
@@ -46,7 +49,7 @@ class LayerSplit(StagedEngine):
     def _prefix(self, d: int, sizes: List[int], room: int, depth: int) -> int:
         t, stream = self.targets[d], self.cplan.stream
         planned = self.cplan.stream.per_device.get(t.name) if self.cplan.stream else None
-        k = self._planned_prefix(planned, sizes, room, depth, stream)
+        k = self._planned_prefix(planned, sizes, room, depth, stream, t.name)
         if k is not None:
             return k
         k = range_prefix(sizes, room, depth, stream is not None)
@@ -62,23 +65,26 @@ class LayerSplit(StagedEngine):
                              f"(a ring of {format_bytes(ring_bytes(sizes, depth))}); "
                              f"raise its budget")
 
-    def _planned_prefix(self, planned, sizes, room, depth, stream):
+    def _planned_prefix(self, planned, sizes, room, depth, stream, device: str):
         """auto-fit's resident prefix for this device's range ([resident, of blocks]),
         when it has one that matches the range and fits; None: decide here."""
         if stream is None or not planned or not sizes:
             return None
         k, of = int(planned[0]), int(planned[1])
         if of != len(sizes) or not 0 <= k <= of:
-            warnings.warn(f"{self.component}: the plan's stream prefix {planned} does not "
-                          f"match a range of {len(sizes)} blocks; sized from the budget",
-                          RuntimeWarning, stacklevel=5)
-            return None
-        if prefix_and_ring(sizes, k, depth) > room:
-            warnings.warn(f"{self.component}: the plan keeps {k} of {of} blocks resident, "
-                          f"which does not fit the budget here; sized from the budget",
-                          RuntimeWarning, stacklevel=5)
-            return None
-        return k
+            why = (f"the plan's stream prefix {list(planned)} does not match a range of "
+                   f"{len(sizes)} blocks; sized from the budget")
+        elif prefix_and_ring(sizes, k, depth) > room:
+            why = (f"the plan keeps {k} of {of} blocks resident, which does not fit the "
+                   f"budget here; sized from the budget")
+        else:
+            return k
+        here = range_prefix(sizes, room, depth, True)
+        self.fallbacks.add("plan_rederived", {"resident": k, "of": of},
+                           {"resident": here, "of": len(sizes)} if here is not None
+                           else "refused: no prefix fits", why, stacklevel=6,
+                           device=device, field="stream.per_device")
+        return None
 
     def _ranges(self, groups, nonblock_bytes: int) -> List[int]:
         n = len(groups)
@@ -86,11 +92,14 @@ class LayerSplit(StagedEngine):
             owner = ranges_to_owner(self.cplan.blocks, self.runtime, n)
             if owner is not None:
                 return owner
-            warnings.warn(f"{self.component}: the plan's block ranges {self.cplan.blocks} do "
-                          f"not match the module's {n} blocks; ranges recomputed in "
-                          f"proportion to the budgets", RuntimeWarning, stacklevel=4)
         weights = self.share_weights(nonblock_bytes)
         ranges = proportional_ranges([g.nbytes for g in groups], self.runtime, weights)
+        if self.cplan.blocks:
+            self.fallbacks.add(
+                "plan_rederived", {d: list(r) for d, r in self.cplan.blocks.items()},
+                {d: list(r) for d, r in ranges.items()},
+                f"the plan's block ranges do not match the module's {n} blocks; ranges "
+                f"recomputed in proportion to the budgets", stacklevel=5, field="blocks")
         return ranges_to_owner(ranges, self.runtime, n)
 
     def _more_stats(self) -> dict:
@@ -100,5 +109,6 @@ class LayerSplit(StagedEngine):
                 "streamed_blocks": dict(getattr(self, "streamed_blocks", {})),
                 "host_blocks": getattr(self, "host_blocks", 0),
                 "host_stream_bytes": getattr(self, "host_stream_bytes", 0),
-                "disk_bytes_per_forward": getattr(self, "disk_bytes", 0),
+                # what the streamed blocks read from the file in the last whole forward
+                "disk_bytes_per_forward": self._moved_stats()["disk_bytes_per_forward"],
                 "disk_read_bytes": getattr(self, "disk_read_bytes", 0)}

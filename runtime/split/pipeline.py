@@ -34,6 +34,7 @@ class _Stopped(BaseException):
 
 class PipelinedSplit(LayerSplit):
     mode = "layer"
+    _rehearses = False      # shares run at once: one call's rehearsal is not their peak
 
     def __init__(self, module, plan, component, inventory, *, shares: Optional[int] = None,
                  cut_inputs: Optional[Callable] = None, **options):

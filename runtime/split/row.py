@@ -13,7 +13,6 @@ never materialised; each shard adds scale * (x @ down.T) @ up[rows].T, so a shar
 exactly its rows of the patch, and changing a strength never touches the weights.
 The Linear's `forward` is overridden on the instance for the placement only.
 """
-import warnings
 from typing import List, Tuple
 
 import torch
@@ -281,7 +280,10 @@ class RowSplit(Engine):
                 "shards_per_device": dict(getattr(self, "shard_counts", {}))}
 
 
-def fallback_warning(component: str, module: nn.Module) -> None:
-    warnings.warn(f"{component}: split_mode=row found no Linear weight of at least "
-                  f"{MIN_ROWS}x{MIN_COLS} inside the blocks of {type(module).__name__}; "
-                  f"using layer split instead", RuntimeWarning, stacklevel=3)
+def fall_back_to_layer(placement, module: nn.Module) -> None:
+    """The row split asked for runs as `placement` (a layer split): said once, recorded
+    in its stats (runtime/fallbacks.py)."""
+    placement.fallbacks.add(
+        "row_to_layer", "row", "layer",
+        f"split_mode=row found no Linear weight of at least {MIN_ROWS}x{MIN_COLS} inside "
+        f"the blocks of {type(module).__name__}; using layer split instead", stacklevel=4)

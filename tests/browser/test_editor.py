@@ -298,9 +298,15 @@ def test_auto_fit_plan_is_drawn_per_device_and_phase(page):
         return {plan: st.plan, bars: window.comfyPlacement.phaseBars(st.plan)}; }""")
     table = {r["name"]: r for r in got["plan"]["device_table"]}
     assert got["bars"], got["plan"]["components"]
+    fitc, comps = got["plan"]["fit"]["components"], got["plan"]["components"]
     for bar in got["bars"]:     # the drawing's figures are the plan's own
-        used = bar["resident"] + bar["ring"] + bar["work"]
-        assert used == table[bar["device"]["name"]]["phases"][bar["phase"]]
+        name, used = bar["device"]["name"], table[bar["device"]["name"]]["phases"][bar["phase"]]
+        # working memory: the planner's for what runs there, drawn whole (never clipped
+        # to fit the bar), and the rest split into parts that are none of them negative
+        work = sum(fitc[c]["headroom_bytes"] for c in bar["who"] if name in comps[c]["runtime"])
+        assert bar["work"] == work and bar["ring"] >= 0 and bar["resident"] >= 0, (bar, used)
+        assert bar["resident"] + bar["ring"] + bar["work"] == used, (bar, used)
+    assert any(b["work"] > 0 for b in got["bars"] if b["phase"] == "sample"), got["bars"]
     assert {b["phase"] for b in got["bars"]} >= {"sample", "decode"}
     # a plan over several GPUs says that ComfyUI hides the others, in the node
     shown = view(page, "PlacementApply")

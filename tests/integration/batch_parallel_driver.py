@@ -12,6 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import comfy_driver as cd  # noqa: E402  (parses the same arguments, starts nothing)
 
+import comfy.model_management  # noqa: E402
 import execution  # noqa: E402
 import nodes  # noqa: E402
 import server  # noqa: E402
@@ -46,9 +47,9 @@ class PlacementTestRecordShares:
         m = model.clone()
         m.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "placement_test", record)
         return (m,)
-# the tiny Flux is 6.9 MiB: 16 MiB holds it whole on each device, 6 MiB only streamed
-WHOLE = "cuda0=16MiB,cuda1=16MiB"
-SMALL = "cuda0=6MiB,cuda1=6MiB"
+# the simulated devices are sized in main() from what the plans hold there (weights,
+# ring and working memory: comfy_driver.planned_on): WHOLE holds the tiny Flux whole
+# with a latent batch of 2 on each device, SMALL only its ring or block range
 BASE = {"backend": "diffusion=cuda0,vae=cpu"}
 BATCH = {"backend": "diffusion=cuda0&cuda1,vae=cpu", "split_mode": "diffusion=batch"}
 # the same two devices as a layer split, plain and pipelined (CFG's cond and uncond as
@@ -107,6 +108,17 @@ async def run(executor, tag, inventory, ref=None, cfg=2.0, record=False, plan_si
     return record
 
 
+async def sized(executor, placements):
+    """Two equal simulated devices just big enough for the most any of `placements`
+    ({tag: pipeline flags}) plans on either of them."""
+    most = 0
+    for tag, flags in placements.items():
+        planned, _ = await cd.planned_on(executor, tag, ["cuda0", "cuda1"], **flags)
+        most = max([most, *planned.values()])
+    size = cd.device_size(most + 256 * 1024)
+    return cd.simulated({"cuda0": size, "cuda1": size})
+
+
 async def main():
     cd.build_models(cd.ARGS.work)
     await cd.start_comfy(cd.ARGS.pack, cd.ARGS.work)
@@ -116,6 +128,13 @@ async def main():
                                         cache_args={"ram": 16.0, "ram_inactive": 16.0})
     RESULTS["reference"] = await cd.run_prompt(
         executor, cd.pipeline(placed=False, tag="reference", keep=True), "reference")
+    WHOLE = await sized(executor, {"size_whole": dict(batch=2, **BASE),
+                                   "size_whole_batch": dict(batch=2, **BATCH)})
+    SMALL = await sized(executor, {"size_stream": dict(stream_layers=True, **BASE),
+                                   "size_stream_batch": dict(stream_layers=True, **BATCH),
+                                   "size_split": SPLIT, "size_pipeline": PIPE})
+    RESULTS["inventories"] = {"whole": WHOLE, "small": SMALL}
+    comfy.model_management.unload_all_models()
     loader_model = cd.KEPT["reference"]["model"]
     weights_before = cd.module_weights(loader_model)
     state_before = cd.model_state(loader_model)

@@ -773,10 +773,60 @@ def adapter_type_facts():
     return facts
 
 
-# the tiny Flux is 6.9 MiB: it cannot sit on cuda0 whole; what is left beside the ring holds
-# the working memory, LoRA patch temporaries included (metered: runtime/workmeter.py)
-STREAM_INVENTORY = "cuda0=6800KiB"
-SPLIT_INVENTORY = "cuda0=6MiB,cuda1=6MiB"
+# -- simulated devices sized from the models and the plan's working memory -------------
+# Every plan keeps its working memory and one margin inside each device (placement/
+# room.py), so a device a test wants just big enough is sized from what the plan holds
+# there, never a constant. '@workspace=0': the runtime's simulated device allocates no
+# kernel workspace, so its plans reserve none either.
+MiB = 1024 ** 2
+ROOMY = "cuda0=1GiB@workspace=0,cuda1=1GiB@workspace=0"
+
+
+def device_size(room: int) -> int:
+    """The smallest simulated device (whole KiB) whose room holds `room` bytes: its
+    memory less the margin (a sixteenth of it, at most 512 MiB)."""
+    kib = -(-room * 16 // 15 // 1024)
+    while kib * 1024 - min(512 * MiB, kib * 1024 // 16) < room:
+        kib += 1
+    return kib * 1024
+
+
+def simulated(sizes) -> str:
+    """A --simulate inventory of devices of `sizes` ({name: bytes}) without workspace."""
+    return ",".join(f"{d}={b // 1024}KiB@workspace=0" for d, b in sizes.items())
+
+
+async def planned_on(executor, tag, devices, **kw):
+    """Apply Placement's node-time plan for pipeline(**kw) on roomy simulated devices:
+    ({device: planned bytes} for `devices`: weights, ring and working memory at its
+    busiest phase; the plan JSON)."""
+    prompt = pipeline(tag=tag, **kw)
+    prompt["60"] = {"class_type": "PlacementTestPlanSink",
+                    "inputs": {"plan_json": ["11", 7], "tag": tag}}
+    saved = os.environ.get("COMFYUI_PLACEMENT_SIMULATE")
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = ROOMY
+    try:
+        await run_prompt(executor, prompt, tag)
+    finally:
+        if saved is None:
+            del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+        else:
+            os.environ["COMFYUI_PLACEMENT_SIMULATE"] = saved
+    plan = PLANS[tag]
+    return {d["name"]: int(d["planned_bytes"]) for d in plan["devices"]
+            if d["name"] in devices}, plan
+
+
+async def sized_inventory(executor, tag, devices, slack=256 * 1024, **kw):
+    """Equal simulated `devices` just big enough for what the plan of pipeline(**kw)
+    holds on the busiest of them (plus `slack`); (inventory, plan on roomy devices)."""
+    planned, plan = await planned_on(executor, tag, devices, **kw)
+    size = device_size(max(planned.values()) + slack)
+    return simulated({d: size for d in devices}), plan
+
+
+def working_memory(plan, component="diffusion") -> int:
+    return int(plan["components"][component]["headroom_bytes"] or 0)
 
 
 def session_facts(tag):
@@ -801,8 +851,8 @@ def session_facts(tag):
             "stats": jsonable(stats)}
 
 
-TE_INVENTORY = "cuda0=5MiB,cuda1=1MiB"   # the tiny CLIP: 3.1 MiB, most of it the token table
-TE_PAIR_INVENTORY = "cuda0=16MiB"   # CLIP-L 3.2 MiB + T5 3.7 MiB (1.6 MiB of it in blocks)
+TE_INVENTORY = "cuda0=5MiB@workspace=0,cuda1=1MiB@workspace=0"   # the tiny CLIP: 3.1 MiB, most of it the token table
+TE_PAIR_INVENTORY = "cuda0=16MiB@workspace=0"   # CLIP-L 3.2 MiB + T5 3.7 MiB (1.6 MiB of it in blocks)
 # and their working memory (T5's attention with its position bias: several MiB), metered
 
 
@@ -949,12 +999,15 @@ VAE_ONE_LATENT = {}      # the working memory of decoding one latent, metered (p
 
 
 def vae_budget_kib():
-    """TAESD's weights plus room for decoding one latent and a half (the working memory
-    the simulated device metered for one: runtime/workmeter.py), in KiB."""
+    """A device (KiB) whose room holds TAESD's weights plus decoding one latent and a
+    half (the working memory the simulated device metered for one: runtime/
+    workmeter.py), or the plan's working memory for the decode where that is more (the
+    plan is refused otherwise), never four latents."""
     path = os.path.join(ARGS.work, "models", "vae", "tiny_taesd.safetensors")
     weights = sum(v.numel() * v.element_size()
                   for v in safetensors.torch.load_file(path).values())
-    return (weights + VAE_ONE_LATENT["bytes"] * 3 // 2) // 1024 + 1
+    work = max(VAE_ONE_LATENT["bytes"] * 3 // 2, VAE_ONE_LATENT["planned"])
+    return device_size(weights + work) // 1024
 
 
 def vae_calls(tag):
@@ -993,7 +1046,22 @@ async def streaming_scenarios(executor, loader_model):
     weights_before = module_weights(loader_model)
     state_before = model_state(loader_model)
     base = {"backend": "diffusion=cuda0,vae=cpu", "stream_layers": True}
-    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = STREAM_INVENTORY
+    # cuda0 holds the ring (no prefix: no budget) and the working memory, not the whole
+    # model beside it; each split device its range and the working memory
+    stream_inventory, plan = await sized_inventory(
+        executor, "size_stream", ["cuda0"], params_backend="diffusion=cpu", **base)
+    out["stream_working_memory"] = working_memory(plan)
+    split_inventory, plan = await sized_inventory(
+        executor, "size_split", ["cuda0", "cuda1"], backend="diffusion=cuda0&cuda1,vae=cpu",
+        params_backend="diffusion=cpu")
+    out["split_working_memory"] = working_memory(plan)
+    wide_inventory, plan = await sized_inventory(
+        executor, "size_wide", ["cuda0", "cuda1"], backend="diffusion=cuda0&cuda1,vae=cpu",
+        params_backend="diffusion=cpu", split_mode="row", unet="tiny_flux_wide.safetensors")
+    out["wide_working_memory"] = working_memory(plan)
+    out["inventories"] = {"stream": stream_inventory, "split": split_inventory,
+                          "wide": wide_inventory}
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = stream_inventory
     try:
         for residency in ("cpu", "disk"):
             tag = f"stream_{residency}"
@@ -1046,7 +1114,7 @@ async def streaming_scenarios(executor, loader_model):
         # placing the placed model again: only the new plan's engine (or none) remains
         adapter = pack_module("runtime.comfy")
         placement = pack_module("placement")
-        inv = placement.Inventory.simulated(STREAM_INVENTORY)
+        inv = placement.Inventory.simulated(stream_inventory)
         placed_model = KEPT["rerun"]["model"]
         again = {}
         for label, spec in (("plain", placement.PlacementSpec(backend="cpu")),
@@ -1067,8 +1135,8 @@ async def streaming_scenarios(executor, loader_model):
             out["multigpu_deepclone"] = f"{type(exc).__name__}: {exc}"
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
-    # a split over two simulated devices, each smaller than the model
-    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = SPLIT_INVENTORY
+    # a split over two simulated devices, each holding its range and the working memory
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = split_inventory
     try:
         for mode in ("layer", "row"):
             tag = f"split_{mode}"
@@ -1077,6 +1145,9 @@ async def streaming_scenarios(executor, loader_model):
                 split_mode=mode, tag=tag, keep_placed=True), tag)
             out[tag + "_session"] = session_facts(tag)
             out[tag + "_image"] = compare(tag, "reference")
+            # what the node was sent after the run (nodes/measured.py's record)
+            out[tag + "_measured"] = [d for e, d in server.PromptServer.instance.messages
+                                      if e == "placement.measured"]
         out["split_layer_lora"] = await run_prompt(executor, pipeline(
             backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
             lora="before", tag="split_layer_lora", keep_placed=True), "split_layer_lora")
@@ -1087,8 +1158,9 @@ async def streaming_scenarios(executor, loader_model):
         out["split_row_lora_image"] = compare("split_row_lora", "lora_reference")
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
-    # row split for real: the wide model (about 14 MiB) over two 10 MiB devices
-    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = "cuda0=10MiB,cuda1=10MiB"
+    # row split for real: the wide model (about 14 MiB) over two devices, each holding
+    # its shards and working memory, not the whole model beside it
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = wide_inventory
     try:
         wide = "tiny_flux_wide.safetensors"
         out["wide_reference"] = await run_prompt(executor, pipeline(
@@ -1245,15 +1317,20 @@ async def main():
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     # 6b. the VAE on a simulated device whose budget fits its weights and one latent, not
     # four: ComfyUI's decode runs out of memory and retries tiled (one latent per call)
-    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = "cuda0=6MiB,cuda1=1GiB"
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = "cuda0=6MiB@workspace=0,cuda1=1GiB@workspace=0"
     try:                         # one latent's decode, with room to spare: what it needs
-        RESULTS["vae_probe"] = await run_prompt(executor, pipeline(
-            backend="diffusion=cpu,vae=cuda1", batch=1, tag="vae_probe", keep_placed_vae=True),
-            "vae_probe")
+        probe = pipeline(backend="diffusion=cpu,vae=cuda1", batch=1, tag="vae_probe",
+                         keep_placed_vae=True)
+        probe["60"] = {"class_type": "PlacementTestPlanSink",
+                       "inputs": {"plan_json": ["11", 7], "tag": "vae_probe"}}
+        RESULTS["vae_probe"] = await run_prompt(executor, probe, "vae_probe")
         VAE_ONE_LATENT["bytes"] = max(c["working"] for c in vae_calls("vae_probe_vae"))
+        # what the plan keeps for the decode (its estimate of one sample)
+        VAE_ONE_LATENT["planned"] = working_memory(PLANS["vae_probe"], "vae")
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
-    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = f"cuda0=6MiB,cuda1={vae_budget_kib()}KiB"
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = \
+        f"cuda0=6MiB@workspace=0,cuda1={vae_budget_kib()}KiB@workspace=0"
     try:
         RESULTS["vae_reference"] = await run_prompt(executor, pipeline(
             placed=False, batch=4, tiled_decode=True, tag="vae_reference"), "vae_reference")

@@ -182,6 +182,9 @@ async def run_vae(executor, name, files):
 # -- placed runs ----------------------------------------------------------------------
 TE_WAYS = ("stream_cpu", "stream_disk", "layer")
 MARGIN = 4 << 20
+# the simulated device of the runtime allocates no kernel workspace beside the tensors
+# it meters: plans made for it reserve none (placement/devices.py '@workspace=SIZE')
+NO_WORKSPACE = "@workspace=0"
 
 
 def working_memory(name) -> int:
@@ -229,6 +232,15 @@ def session_facts(obj):
     calls = session.calls
     st = calls[-1]["stats"]
     return {"session": True, "calls": [(c["method"], c["outcome"]) for c in calls],
+            # each call's working memory rehearsed on meta (engine_calls.py) beside what
+            # the simulated device metered for it
+            "rehearsals": [{"method": c["method"], "rehearsal": c.get("rehearsal"),
+                            "unrehearsed": c.get("unrehearsed"), "planned": c.get("planned"),
+                            "metered": {n: d.get("working_peak_bytes") for n, d in
+                                        (c.get("stats") or {}).get("devices", {}).items()},
+                            "peaks": {n: d.get("peak_bytes") for n, d in
+                                      (c.get("stats") or {}).get("devices", {}).items()}}
+                           for c in calls],
             "mode": st.get("mode") or st.get("split_mode"), "hops": st.get("hops"),
             "streamed_blocks": st.get("streamed_blocks"), "device_check": st.get("device_check"),
             "devices": {n: {k: d.get(k) for k in ("peak_bytes", "capacity_bytes", "h2d_bytes",
@@ -263,11 +275,12 @@ async def te_ways(executor, name, plain_cond, clip):
             continue        # params disk needs the one file a single loader reads
         if way == "layer":
             inputs = {"backend": "te=cuda0&cuda1", "params_backend": "te=cpu"}
-            inventory = f"cuda0={kib(nonblock + share)},cuda1={kib(share)}"
+            inventory = f"cuda0={kib(nonblock + share)}{NO_WORKSPACE},cuda1={kib(share)}" \
+                        f"{NO_WORKSPACE}"
         else:
             inputs = {"backend": "te=cuda0", "stream_layers": True,
                       "params_backend": "te=" + way.split("_")[1]}
-            inventory = f"cuda0={kib(stream)}"
+            inventory = f"cuda0={kib(stream)}{NO_WORKSPACE}"
         tag = f"{name}@{way}"
         os.environ["COMFYUI_PLACEMENT_SIMULATE"] = inventory
         try:
@@ -285,14 +298,54 @@ async def te_ways(executor, name, plain_cond, clip):
     return out
 
 
+def vae_estimate(vae) -> int:
+    """The planner's working-memory estimate for the VAE as Apply Placement describes it
+    (its module, at the default workload 1024x1024: the VAE prompts connect no latent),
+    without workspace."""
+    describe = pack_module("placement.metadata.describe").describe_component
+    workspace = pack_module("placement.metadata.headroom").WORKSPACE
+    info = describe("vae", [vae.patcher.model])
+    return max(0, int(info.headroom_bytes or 0) - workspace)
+
+
+def vae_latent(name, seed=1):
+    """The latent vae_prompt decodes (PlacementTestEncLatent with its default seed)."""
+    shape = encoders.VAES[name]["latent"]
+    channels, frames, (height, width) = shape[0], (shape[1] if len(shape) == 4 else 0), \
+        shape[-2:]
+    return encoders.TEST_NODES["PlacementTestEncLatent"]().run(
+        channels, frames, height, width, 1, seed)[0]
+
+
+def vae_more_calls(placed, latent, image):
+    """The placed VAE's other calls, each rehearsed and metered (engine_calls.py): an
+    encode of the decoded image and ComfyUI's tiled decode (VAE Decode (Tiled)'s node
+    with small tiles, in time too for a video VAE)."""
+    import nodes
+    done = {}
+    with torch.inference_mode():           # as ComfyUI's executor runs nodes
+        for what, call in (
+                ("encode", lambda: nodes.VAEEncode().encode(placed, image[..., :3])),
+                ("decode_tiled", lambda: nodes.VAEDecodeTiled().decode(
+                    placed, latent, tile_size=64, overlap=16, temporal_size=8,
+                    temporal_overlap=4))):
+            try:
+                call()
+                done[what] = "ok"
+            except Exception as exc:
+                done[what] = f"{type(exc).__name__}: {exc}"[:300]
+    return done
+
+
 async def vae_ways(executor, name, plain_image, vae):
     total, _, _ = sizes_of(vae.first_stage_model)
     out = {"bytes": total}
-    # room for the weights and a whole decode (the ledger does not see an LDM VAE's
-    # decode activations yet: no budget makes it fall back to tiles, so none is tried)
-    for way, room in (("placed", total + (256 << 20)),):
+    # room for the weights and the planner's estimate of a whole decode at Apply
+    # Placement's default workload (and a margin's worth); the calls' real working
+    # memory is rehearsed
+    for way, room in (("placed", total + vae_estimate(vae) + (576 << 20)),):
         tag = f"{name}@{way}"
-        os.environ["COMFYUI_PLACEMENT_SIMULATE"] = f"cuda0={kib(room)}"
+        os.environ["COMFYUI_PLACEMENT_SIMULATE"] = f"cuda0={kib(room)}{NO_WORKSPACE}"
         try:
             record = await run_prompt(executor, encoders.vae_prompt(
                 name, placement_inputs={"backend": "vae=cuda0"}, tag=tag, keep_placed=True),
@@ -302,8 +355,12 @@ async def vae_ways(executor, name, plain_image, vae):
         image = encoders.IMAGE_SINK.pop(tag, None)
         placed = encoders.KEPT.pop(tag + "_placed", {}).get("vae")
         encoders.KEPT.pop(tag + "_loader", None)
+        more = {}
+        if placed is not None and image is not None:
+            more = vae_more_calls(placed, vae_latent(name), image)
         out[way] = {"ok": bool(record["ok"] and image is not None), "error": record["error_text"],
                     "image": encoders.tensor_facts(image), "compare": close_to(image, plain_image),
+                    "more_calls": more,
                     "facts": session_facts(placed) if placed is not None else None}
     return out
 

@@ -45,7 +45,14 @@ def parse_args():
     ap.add_argument("--ways", default="",
                     help="comma-separated placements to run after each plain run, each "
                          "on a simulated inventory sized from the model's blocks: "
-                         "stream_cpu, stream_disk, layer, row, auto_fit (or 'all')")
+                         "stream_cpu, stream_disk, layer, row, auto_fit (or 'all': these "
+                         "five), auto_fit_stream, auto_fit_split, auto_fit_row (see "
+                         "--fit-choices)")
+    ap.add_argument("--fit-choices", default="",
+                    help="comma-separated families (or 'all') that also run auto-fit under "
+                         "budgets forcing each of its choices: auto_fit_stream (one device), "
+                         "auto_fit_split (two), auto_fit_row (two, where the blocks hold "
+                         "Linears a row split shards); these may also be named in --ways")
     ap.add_argument("--lora", default="",
                     help="comma-separated families also run with a random LoRA (ComfyUI's "
                          "LoraLoaderModelOnly): unplaced, streamed and layer split")
@@ -56,6 +63,9 @@ def parse_args():
                     help="the prompt's length in tokens for every family (default: its own)")
     ap.add_argument("--attention", default="pytorch", choices=("pytorch", "split", "quad"),
                     help="ComfyUI's cross attention (its --use-*-cross-attention flag)")
+    ap.add_argument("--without-skip-patch", action="store_true",
+                    help="run as if the layer split's UNet skip patch (runtime/comfy/"
+                         "skips.py) were removed: the device check must refuse the skip cat")
     ap.add_argument("--simulate", default="",
                     help="COMFYUI_PLACEMENT_SIMULATE inventory for the placed runs "
                          "(e.g. cuda0=1MiB), or auto:F for one device of F x each "
@@ -391,8 +401,10 @@ async def run_family(executor, fam, models_dir):
     rec["wall_s"] = round(time.time() - t0, 3)
     if ARGS.placed and rec["ok"]:
         rec["placed"] = await placed_run(executor, fam.key, json.loads(ARGS.placed))
-    if ARGS.ways and rec["ok"]:
-        ways = WAYS if ARGS.ways == "all" else [w for w in ARGS.ways.split(",") if w]
+    ways = list(WAYS) if ARGS.ways == "all" else [w for w in ARGS.ways.split(",") if w]
+    if fit_choices_for(fam.key):
+        ways += [w for w in FIT_CHOICES if w not in ways]
+    if ways and rec["ok"]:
         rec["ways"] = await placed_ways(executor, fam.key, ways)
     if fam.key in ARGS.lora.split(",") and rec["ok"]:
         loras_dir = os.path.join(ARGS.work, "models", "loras")
@@ -405,6 +417,13 @@ async def run_family(executor, fam, models_dir):
         except Exception:
             rec["meta_error"] = traceback.format_exc()[-2000:]
     return rec
+
+
+def fit_choices_for(key):
+    """Whether --fit-choices names this family (by its key or its key before _dN)."""
+    names = [k for k in ARGS.fit_choices.split(",") if k]
+    base = key.rsplit("_d", 1)[0] if ARGS.depth and key.endswith(f"_d{ARGS.depth}") else key
+    return "all" in names or key in names or base in names
 
 
 def write_lora(key, loras_dir, rank=4):
@@ -516,13 +535,17 @@ def block_sizes(key):
     return total - sum(sizes), sizes
 
 
-def way_setup(way, key):
+def way_setup(way, key, ran=None):
     """Backend Assignment inputs and a simulated inventory smaller than the model:
     streaming gets the non-block weights, three of the largest blocks and a margin; a
-    split gets 60% of the blocks per device (the main one also the non-block weights)."""
+    split gets 60% of the blocks per device (the main one also the non-block weights).
+    The auto-fit ways that force a choice (FIT_CHOICES) size their budgets from `ran`,
+    this family's earlier ways (fit_budgets)."""
     nonblock, sizes = block_sizes(key)
     if not sizes:
         return None, None
+    if way in FIT_CHOICES:
+        return fit_choice_setup(way, nonblock, sizes, ran or {})
     # simulated GPUs allocate no kernel workspace: the plans say so (@workspace=0), and
     # their working memory is then the tensors alone, which the device meters
     kib = lambda n: f"{-(-int(n) // 1024)}KiB@workspace=0"      # noqa: E731
@@ -550,6 +573,85 @@ def way_setup(way, key):
         return ({"auto_fit": True, "max_vram": f"cuda0={gib:.4f},cuda1={gib:.4f}"},
                 "cuda0=8GiB@workspace=0,cuda1=8GiB@workspace=0")
     raise ValueError(way)
+
+
+# auto-fit under budgets that leave it one choice each (the "auto_fit" way's budgets are
+# roomy: every tiny model ends resident there)
+FIT_CHOICES = ("auto_fit_stream", "auto_fit_split", "auto_fit_row")
+
+
+def fit_inventory(gpus):
+    """`gpus` simulated GPUs beside a host with this machine's RAM that computes at 1
+    GFLOP/s: the CPU, the fastest place for a tiny model on a real machine (no copies),
+    is then never the fastest choice, and auto-fit chooses among the GPU placements."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ",".join([f"cuda{i}=8GiB@workspace=0" for i in range(gpus)]
+                    + [f"cpu={ram // 1024}KiB@1G"])
+
+
+def fit_budgets(nonblock, sizes, work):
+    """Per-device budgets that force auto-fit's choice, from the model's bytes (non-block
+    weights N, blocks B in execution order, the largest S) and the working memory W
+    auto-fit planned for it in the "auto_fit" way (the rehearsed call and its inputs).
+    Each budget is the middle of the interval that forces the choice, so a margin kept
+    inside the room (placement/room.py: at most a sixteenth of the budget), a ring one
+    block deeper or a cut one block off moves nothing:
+    - streaming on one device: below N + B + W (neither resident nor taking turns fits)
+      and above N + W + 2S (the non-block weights and a ring of two blocks fit);
+    - a split over two devices: each below N + B + W (neither holds it alone) and above
+      the least that holds it on two equal devices (the main one holding N + W and the
+      blocks before the cut, the other W and the blocks after it), plus S. Returns
+      ({"stream": bytes, "split": bytes}, {choice: why}) with a choice None where its
+      interval is too narrow (a model of few blocks, or of mostly non-block weights)."""
+    total, largest = nonblock + sum(sizes), max(sizes)
+    prefix = [0]
+    for size in sizes:
+        prefix.append(prefix[-1] + size)
+    two = min(max(nonblock + work + p, total - nonblock - p + work) for p in prefix)
+    out, why = {}, {}
+    for name, low in (("stream", nonblock + work + 2 * largest), ("split", two + largest)):
+        high = total + work
+        mid = (low + high) / 2
+        if mid * 15 / 16 <= low:
+            out[name] = None
+            why[name] = (f"too narrow: it needs {int(low)} B per device to {name} and "
+                         f"{int(high)} B holds it whole")
+        else:
+            out[name] = int(mid)
+    return out, why
+
+
+def shardable_linears(key):
+    """Linears a row split shards (runtime/split/row.py: 256x256 and more) in the blocks."""
+    dm = KEPT[key]["model"].model.diffusion_model
+    return sum(1 for _, b in pack_module("runtime.blocks").find_blocks(dm)
+               for m in b.modules() if isinstance(m, torch.nn.Linear)
+               and m.weight.shape[0] >= 256 and m.weight.shape[1] >= 256)
+
+
+def fit_choice_setup(way, nonblock, sizes, ran):
+    """A FIT_CHOICES way's Backend Assignment inputs and inventory: auto-fit with no
+    device named, under fit_budgets, offload_mode auto (streaming stays open to the split
+    ways: auto-fit prices it slower than a split that moves no weight per step; a split
+    with the weights kept on the GPUs, offload_mode none, would fail at node time, whose
+    working-memory estimate is tens of MiB at these sizes)."""
+    facts = (ran.get("auto_fit") or {}).get("facts") or {}
+    work = facts.get("headroom_bytes")
+    if not work:
+        raise RuntimeError(f"{way}: no working memory measured for this family (the "
+                           f"auto_fit way did not run or planned none)")
+    budgets, why = fit_budgets(nonblock, sizes, int(work))
+    choice = "stream" if way == "auto_fit_stream" else "split"
+    budget = budgets[choice]
+    if budget is None:
+        return {"skip": why[choice]}, None
+    gib = f"{budget / 2 ** 30:.6f}"
+    if choice == "stream":
+        return {"auto_fit": True, "max_vram": f"cuda0={gib}"}, fit_inventory(1)
+    inputs = {"auto_fit": True, "max_vram": f"cuda0={gib},cuda1={gib}"}
+    if way == "auto_fit_row":
+        inputs["split_mode"] = "row"
+    return inputs, fit_inventory(2)
 
 
 def way_facts(tag):
@@ -587,6 +689,11 @@ def way_facts(tag):
             # included), beside what the simulated device metered
             "headroom_bytes": (((plan.get("fit") or {}).get("components") or {})
                                .get("diffusion") or {}).get("headroom_bytes"),
+            "fit": {k: (((plan.get("fit") or {}).get("components") or {}).get("diffusion")
+                        or {}).get(k) for k in ("decision", "kind")},
+            "blocks": comp.get("blocks"),
+            "budgets": {d["name"]: d.get("budget_bytes") for d in plan.get("devices", [])
+                        if d.get("kind") == "gpu"},
             "headroom_basis": next((r for r in comp.get("reasons") or []
                                     if "working memory" in r), None),
             "node_diffusion": {k: ((node_plan.get("components") or {}).get("diffusion") or {})
@@ -601,15 +708,25 @@ def way_facts(tag):
 
 
 async def placed_ways(executor, key, ways):
+    ways = list(ways)
+    if any(w in FIT_CHOICES for w in ways):     # their budgets need auto_fit's working memory
+        ways = [w for w in ways if w != "auto_fit"]
+        ways.insert(min(ways.index(w) for w in ways if w in FIT_CHOICES), "auto_fit")
     out = {}
     for way in ways:
+        if way == "auto_fit_row" and not shardable_linears(key):
+            out[way] = {"ok": None, "skipped": "no Linear of 256x256 or more in the blocks"}
+            continue
         try:
-            inputs, inventory = way_setup(way, key)
+            inputs, inventory = way_setup(way, key, out)
         except Exception:
             out[way] = {"ok": False, "error": traceback.format_exc()[-2000:]}
             continue
         if inputs is None:
             out[way] = {"ok": False, "error": "no blocks found"}
+            continue
+        if "skip" in inputs:
+            out[way] = {"ok": None, "skipped": inputs["skip"]}
             continue
         tag = f"{key}@{way}"
         rec = await placed_run(executor, key, inputs, tag=tag, simulate=inventory)
@@ -624,6 +741,16 @@ def jsonable(x):
     return json.loads(json.dumps(x, default=str))
 
 
+def drop_skip_patch():
+    """The UNet skip patch as if removed: the patch it adds leaves each skip where it is."""
+    def inert(follow):
+        return lambda h, hsp, transformer_options: (h, hsp)
+    for suffix in ("runtime.comfy.skips", "runtime.comfy.rehearse_call"):
+        module = pack_module(suffix)
+        if hasattr(module, "skip_follow_patch"):
+            module.skip_follow_patch = inert
+
+
 async def main():
     t_start = time.time()
     work = ARGS.work
@@ -631,6 +758,8 @@ async def main():
     os.makedirs(models_dir, exist_ok=True)
     folder_paths.add_model_folder_path("diffusion_models", models_dir, is_default=True)
     await start_comfy(ARGS.pack, work, TEST_NODES)
+    if ARGS.without_skip_patch:
+        drop_skip_patch()
     RESULTS["comfyui_version"] = __import__("comfyui_version").__version__
     RESULTS["pack_nodes"] = {n: n in nodes.NODE_CLASS_MAPPINGS for n in
                              ("PlacementBackendAssignment", "PlacementApply")}

@@ -7,8 +7,15 @@ Started by test_comfy_gguf.py as `PYTHON gguf_driver.py --comfyui DIR --pack DIR
 It reuses comfy_driver.py's headless ComfyUI, prompts and observers, writes tiny GGUF
 files of the real Flux architecture (the driver's tiny random Flux models, quantized
 Q8_0 and Q4_K by the pack's writer), and prints one JSON object. It asserts nothing.
+
+ComfyUI-GGUF's weights are GGMLTensors (a tensor subclass): the runs are under the
+simulated device's check and working-memory meter like any model's. Two test nodes see
+it: PlacementTestForwardBytes records the bytes copied host-to-device after each model
+call, and PlacementTestSkipArrival runs one double block with no hook on it or inside
+it, so that block never arrives (the check must refuse its resting weights).
 """
 import asyncio
+import collections
 import json
 import os
 import sys
@@ -20,15 +27,86 @@ import comfy_driver as cd  # noqa: E402  (parses the same arguments, sets ComfyU
 import torch  # noqa: E402
 import safetensors.torch  # noqa: E402
 
+import comfy.patcher_extension  # noqa: E402
 import execution  # noqa: E402
 import nodes  # noqa: E402
 import server  # noqa: E402
 
 RESULTS = {"errors": []}
-# devices smaller than the quantized models (Q8_0 tiny Flux 1.9 MB, Q4_K wide one 2.3 MB)
-STREAM_INVENTORY = "cuda0=1700KiB"
-SPLIT_INVENTORY = "cuda0=1500KiB,cuda1=1500KiB"
-WIDE_INVENTORY = "cuda0=1600KiB,cuda1=1600KiB"
+# each device holds the ring or a split's share and the working memory, which the meter
+# counts: every layer dequantizes its weight in float32 (up to 448 KiB here; a LoRA patch
+# adds as much again). The plans also leave room for the working memory estimated before
+# the first call, larger than that, so these devices are several times the quantized
+# models (Q8_0 tiny Flux 1.9 MB, Q4_K wide one 2.3 MB); the stream plans still stream
+# every block. The simulated device allocates no kernel workspace beside what it meters:
+# plans for it reserve none (placement/devices.py '@workspace=SIZE').
+NO_WORKSPACE = "@workspace=0"
+STREAM_INVENTORY = f"cuda0=16MiB{NO_WORKSPACE}"
+SPLIT_INVENTORY = f"cuda0=16MiB{NO_WORKSPACE},cuda1=16MiB{NO_WORKSPACE}"
+WIDE_INVENTORY = f"cuda0=32MiB{NO_WORKSPACE},cuda1=32MiB{NO_WORKSPACE}"
+
+
+# -- test-only nodes ----------------------------------------------------------------
+FORWARD_H2D = {}        # tag -> host-to-device bytes of every device after each model call
+
+
+class PlacementTestForwardBytes:
+    """A clone of MODEL that records, after each model call, the bytes the placement has
+    copied host-to-device so far (all devices together): what each forward moved."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "tag": ("STRING", {"default": ""})}}
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, model, tag):
+        m = model.clone()
+        session = m.get_attachment("placement")
+        seen = FORWARD_H2D.setdefault(tag, [])
+
+        def after_call(executor, *args, **kwargs):
+            out = executor(*args, **kwargs)
+            placed = getattr(session, "placed", None)
+            if placed is not None:
+                seen.append(sum(d["h2d_bytes"] for d in placed.stats()["devices"].values()))
+            return out
+        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL,
+                               "placement_test_bytes", after_call)
+        return (m,)
+
+
+class PlacementTestSkipArrival:
+    """A clone of MODEL whose double block `index` runs with no hook on it or on any
+    module inside it, as a loop calling a block's own code would: it never arrives."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "index": ("INT", {"default": 1})}}
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, model, index):
+        session = model.get_attachment("placement")
+
+        def block(args, extra):
+            blk = session.placed.module.double_blocks[index]       # the network placed
+            saved = [(m, m._forward_pre_hooks, m._forward_hooks) for m in blk.modules()]
+            for m, _, _ in saved:
+                m._forward_pre_hooks = collections.OrderedDict()
+                m._forward_hooks = collections.OrderedDict()
+            try:
+                return extra["original_block"](args)
+            finally:
+                for m, pre, post in saved:
+                    m._forward_pre_hooks, m._forward_hooks = pre, post
+        m = model.clone()
+        m.set_model_patch_replace(block, "dit", "double_block", index)
+        return (m,)
+
+
+cd.TEST_NODES.update({"PlacementTestForwardBytes": PlacementTestForwardBytes,
+                      "PlacementTestSkipArrival": PlacementTestSkipArrival})
 
 
 # llama.cpp's T5 names, as ComfyUI-GGUF's T5_SD_MAP reads them back (applied in order)
@@ -39,8 +117,10 @@ T5_NAMES = (("enc.", "encoder."), (".blk.", ".block."), ("token_embd", "shared")
             ("attn_rel_b", "layer.0.SelfAttention.relative_attention_bias"),
             ("ffn_up", "layer.1.DenseReluDense.wi_1"), ("ffn_down", "layer.1.DenseReluDense.wo"),
             ("ffn_gate", "layer.1.DenseReluDense.wi_0"), ("ffn_norm", "layer.1.layer_norm"))
-TE_STREAM_INVENTORY = "cuda0=6MiB"    # CLIP-L + Q8_0 T5: 4.1 MiB non-block + 0.9 in blocks
-TE_SPLIT_INVENTORY = "cuda0=6MiB,cuda1=1MiB"
+# CLIP-L + Q8_0 T5: 4.1 MiB non-block + 0.9 in blocks, and working memory: the T5's
+# token table dequantized (32128 x 32, float32 then float16: 5.9 MiB) and its attention
+TE_STREAM_INVENTORY = f"cuda0=16MiB{NO_WORKSPACE}"
+TE_SPLIT_INVENTORY = f"cuda0=16MiB{NO_WORKSPACE},cuda1=16MiB{NO_WORKSPACE}"
 
 
 def t5_gguf_name(key):
@@ -104,9 +184,20 @@ async def start(pack, work):
                              for n in ("UnetLoaderGGUF", "DualCLIPLoaderGGUF", "PlacementApply")}
 
 
-def gguf_pipeline(unet, **kw):
+def gguf_pipeline(unet, count_bytes=False, skip_arrival=None, **kw):
+    """comfy_driver's pipeline from Unet Loader (GGUF); `count_bytes`: the sampler's model
+    records what each call copied (FORWARD_H2D under the tag); `skip_arrival`: that
+    double block never arrives."""
     prompt = cd.pipeline(**kw)
     prompt["1"] = {"class_type": "UnetLoaderGGUF", "inputs": {"unet_name": unet}}
+    if skip_arrival is not None:
+        prompt["51"] = {"class_type": "PlacementTestSkipArrival", "inputs": {
+            "model": prompt["6"]["inputs"]["model"], "index": skip_arrival}}
+        prompt["6"]["inputs"]["model"] = ["51", 0]
+    if count_bytes:
+        prompt["50"] = {"class_type": "PlacementTestForwardBytes", "inputs": {
+            "model": prompt["6"]["inputs"]["model"], "tag": kw["tag"]}}
+        prompt["6"]["inputs"]["model"] = ["50", 0]
     return prompt
 
 
@@ -126,6 +217,7 @@ def patches_left(model):
 async def run(executor, name, prompt, ref=None):
     rec = await cd.run_prompt(executor, prompt, name)
     rec["session"] = cd.session_facts(name)
+    rec["forward_h2d"] = FORWARD_H2D.get(name)
     if ref:
         rec["image"] = cd.compare(name, ref)
     RESULTS[name] = rec
@@ -148,27 +240,32 @@ async def scenarios(executor, q8, wide):
         for residency in ("cpu", "disk"):
             tag = f"stream_{residency}"
             await run(executor, tag, gguf_pipeline(
-                q8, params_backend=f"diffusion={residency}", tag=tag, keep_placed=True, **base),
-                "reference")
+                q8, params_backend=f"diffusion={residency}", tag=tag, keep_placed=True,
+                count_bytes=True, **base), "reference")
         for where, residency in (("before", "cpu"), ("after", "disk")):
             tag = f"lora_{where}_{residency}"
             await run(executor, tag, gguf_pipeline(
                 q8, params_backend=f"diffusion={residency}", lora=where, tag=tag,
                 keep_placed=True, **base), "lora_reference")
+        # double block 1 never arrives: a GPU refuses its weights, so must the check
+        await run(executor, "skip_arrival", gguf_pipeline(
+            q8, params_backend="diffusion=cpu", tag="skip_arrival", skip_arrival=1, **base))
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     os.environ["COMFYUI_PLACEMENT_SIMULATE"] = SPLIT_INVENTORY
     try:
         await run(executor, "split_layer", gguf_pipeline(
             q8, backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
-            split_mode="layer", tag="split_layer", keep_placed=True), "reference")
+            split_mode="layer", tag="split_layer", keep_placed=True, count_bytes=True),
+            "reference")
         await run(executor, "split_layer_lora", gguf_pipeline(
             q8, backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
             split_mode="layer", lora="before", tag="split_layer_lora", keep_placed=True),
             "lora_reference")
         await run(executor, "split_layer_disk", gguf_pipeline(
             q8, backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=disk",
-            split_mode="layer", tag="split_layer_disk", keep_placed=True), "reference")
+            split_mode="layer", tag="split_layer_disk", keep_placed=True, count_bytes=True),
+            "reference")
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     RESULTS["loader_weights_unchanged"] = cd.same_weights(weights_before,
@@ -204,6 +301,24 @@ def te_pipeline(**kw):
     return prompt
 
 
+def te_checks(tag):
+    """Per text-encoder call of the placed CLIP kept under `tag`: the device check, the
+    metered working memory and the bytes copied host-to-device."""
+    clip = cd.KEPT.get(tag, {}).get("clip")
+    session = clip.patcher.get_attachment("placement") if clip is not None else None
+    if session is None:
+        return None
+    out = []
+    for c in session.calls:
+        st = c["stats"]
+        out.append({"device_check": st.get("device_check"),
+                    "working_peak_bytes": {n: d.get("working_peak_bytes")
+                                           for n, d in st["devices"].items()},
+                    "h2d_bytes": sum(d["h2d_bytes"] for d in st["devices"].values()),
+                    "resident_weight_bytes": st.get("resident_weight_bytes")})
+    return out
+
+
 async def te_scenarios(executor):
     await run(executor, "te_reference", te_pipeline(placed=False, tag="te_reference"))
     os.environ["COMFYUI_PLACEMENT_SIMULATE"] = TE_STREAM_INVENTORY
@@ -213,6 +328,7 @@ async def te_scenarios(executor):
             backend="diffusion=cpu,vae=cpu,te=cuda0", stream_layers=True, tag=tag,
             keep_placed=True), "te_reference")
         rec["calls"] = cd.clip_calls(tag + "_clip")
+        rec["checks"] = te_checks(tag + "_clip")
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
     os.environ["COMFYUI_PLACEMENT_SIMULATE"] = TE_SPLIT_INVENTORY
@@ -222,6 +338,7 @@ async def te_scenarios(executor):
             backend="diffusion=cpu,vae=cpu,te=cuda0&cuda1", tag=tag, keep_placed=True),
             "te_reference")
         rec["calls"] = cd.clip_calls(tag + "_clip")
+        rec["checks"] = te_checks(tag + "_clip")
     finally:
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
 

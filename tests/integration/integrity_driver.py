@@ -50,7 +50,31 @@ class PlacementTestPass:
         return (model, clip, vae)
 
 
-def prompt(tag, unet="tiny", placement=None, interrupt_at=None, batch=1, second=False):
+class PlacementTestHog:
+    """A clone of MODEL whose first double block also computes a tensor of `mib` MiB on
+    the device it runs on, in the real run only (not in the rehearsal of the first call
+    on the meta device): memory no plan can know of, as a custom node's patch may take,
+    so the run goes out of memory in the middle of a forward."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "mib": ("INT", {"default": 64})}}
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, model, mib):
+        def block(args, extra):
+            img = args["img"]
+            if not img.is_meta:         # computed on the block's device, then dropped
+                img.repeat(max(1, mib * 1024 ** 2 // max(1, img.nbytes)), 1, 1)
+            return extra["original_block"](args)
+        m = model.clone()
+        m.set_model_patch_replace(block, "dit", "double_block", 0)
+        return (m,)
+
+
+def prompt(tag, unet="tiny", placement=None, interrupt_at=None, batch=1, second=False,
+           hog=False):
     """Core loaders -> [Backend Assignment -> Apply Placement] -> pass -> CLIPTextEncode x2
     -> KSampler (-> a second KSampler on the same MODEL) -> VAEDecode -> sink."""
     p = {
@@ -84,6 +108,9 @@ def prompt(tag, unet="tiny", placement=None, interrupt_at=None, batch=1, second=
         p["32"] = {"class_type": "PlacementTestInterrupt",
                    "inputs": {"model": model, "at_call": interrupt_at}}
         model = ["32", 0]
+    if hog:
+        p["34"] = {"class_type": "PlacementTestHog", "inputs": {"model": model, "mib": 64}}
+        model = ["34", 0]
     p["3"] = {"class_type": "CLIPTextEncode", "inputs": {"clip": clip, "text": "a tiny red fox"}}
     p["4"] = {"class_type": "CLIPTextEncode", "inputs": {"clip": clip, "text": ""}}
     p["6"] = {"class_type": "KSampler", "inputs": {
@@ -264,30 +291,58 @@ def image(tag, ref):
 
 # -- scenarios ------------------------------------------------------------------------------
 STREAM = {"backend": "diffusion=cuda0,te=cuda0,vae=cuda1", "stream_layers": True}
-SIM_STREAM = "cuda0=7MiB,cuda1=16MiB"   # the tiny Flux (6.9 MiB) streams; 1 MiB to compute
-SIM_LAYER = "cuda0=6MiB,cuda1=6MiB"   # each smaller than the tiny Flux (6.9 MiB)
-SIM_ROW = "cuda0=14MiB,cuda1=14MiB"   # the wide Flux split by rows, with room to compute
-SIM_OOM = "cuda0=6MiB,cuda1=16MiB"
+LAYER = {"backend": "diffusion=cuda0&cuda1,te=cuda0&cuda1,vae=cpu", "split_mode": "layer",
+         "stream_layers": True, "params_backend": "*=cpu"}
+ROW = {"backend": "diffusion=cuda0&cuda1,te=cuda0,vae=cuda1", "split_mode": "row",
+       "params_backend": "*=cpu"}
+# simulated devices sized at the start from what each plan holds there (weights, ring,
+# working memory: sized_inventories); "oom" runs the stream placement with a block that
+# takes 64 MiB more than any plan knows of (PlacementTestHog)
+SIZED = {"stream": ("tiny", {**STREAM, "params_backend": "*=cpu"}),
+         "disk": ("tiny", {**STREAM, "params_backend": "*=disk"}),
+         "layer": ("tiny", LAYER), "row": ("wide", ROW)}
+INVENTORIES = {}
 
 SCENARIOS = [
-    # tag, unet, inventory, placement, extra prompt options
-    ("stream", "tiny", SIM_STREAM, {**STREAM, "params_backend": "*=cpu"}, {"second": True}),
-    ("stream_again", "tiny", SIM_STREAM, {**STREAM, "params_backend": "*=cpu"}, {}),
-    ("disk", "tiny", SIM_STREAM, {**STREAM, "params_backend": "*=disk"}, {}),
-    ("layer", "tiny", SIM_LAYER, {"backend": "diffusion=cuda0&cuda1,te=cuda0&cuda1,vae=cpu",
-                                  "split_mode": "layer", "stream_layers": True,
-                                  "params_backend": "*=cpu"}, {}),
-    ("row", "wide", SIM_ROW, {"backend": "diffusion=cuda0&cuda1,te=cuda0,vae=cuda1",
-                              "split_mode": "row", "params_backend": "*=cpu"}, {}),
-    ("interrupt", "tiny", SIM_STREAM, {**STREAM, "params_backend": "*=cpu"},
+    # tag, unet, inventory (a SIZED key), placement, extra prompt options
+    ("stream", "tiny", "stream", {**STREAM, "params_backend": "*=cpu"}, {"second": True}),
+    ("stream_again", "tiny", "stream", {**STREAM, "params_backend": "*=cpu"}, {}),
+    ("disk", "tiny", "disk", {**STREAM, "params_backend": "*=disk"}, {}),
+    ("layer", "tiny", "layer", LAYER, {}),
+    ("row", "wide", "row", ROW, {}),
+    ("interrupt", "tiny", "stream", {**STREAM, "params_backend": "*=cpu"},
      {"interrupt_at": 2}),
-    ("oom", "tiny", SIM_OOM, {**STREAM, "params_backend": "*=cpu"}, {"batch": 64}),
+    ("oom", "tiny", "stream", {**STREAM, "params_backend": "*=cpu"}, {"hog": True}),
 ]
+
+
+async def sized_inventories(executor):
+    """Each placement's devices just big enough for what its node-time plan holds there
+    (on roomy simulated devices), plus a little: run before the references, so the
+    packing the scenarios count starts from nothing (everything unloaded after)."""
+    for key, (unet, placement) in SIZED.items():
+        tag = "size_" + key
+        p = prompt(tag, unet=unet, placement=placement)
+        p["70"] = {"class_type": "PlacementTestPlanSink",
+                   "inputs": {"plan_json": ["11", 7], "tag": tag}}
+        os.environ["COMFYUI_PLACEMENT_SIMULATE"] = cd.ROOMY
+        try:
+            RESULTS["sizing_" + key] = await run(executor, tag, unet=unet, placement=placement,
+                                                 raw=p)
+        finally:
+            del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
+        plan = cd.PLANS[tag]
+        INVENTORIES[key] = cd.simulated({
+            d["name"]: cd.device_size(int(d["planned_bytes"]) + 256 * 1024)
+            for d in plan["devices"] if d["name"] in ("cuda0", "cuda1")
+            and d["planned_bytes"]})
+    RESULTS["inventories"] = dict(INVENTORIES)
+    comfy.model_management.unload_all_models()
 UNETS = {"tiny": "tiny_flux.safetensors", "wide": "tiny_flux_wide.safetensors"}
 
 
-async def run(executor, tag, **kw):
-    rec = await cd.run_prompt(executor, prompt(tag, **kw), tag)
+async def run(executor, tag, raw=None, **kw):
+    rec = await cd.run_prompt(executor, raw or prompt(tag, **kw), tag)
     return {"valid": rec["valid"], "success": rec.get("success"),
             "errors": [e.get("exception_type", "") + ": " + e.get("exception_message", "")[:300].split(" If the workflow")[0][-260:]
                        for e in rec.get("exec_errors", [])],
@@ -299,9 +354,11 @@ async def main():
     cd.build_models(work)
     await cd.start_comfy(cd.ARGS.pack, work)
     nodes.NODE_CLASS_MAPPINGS["PlacementTestPass"] = PlacementTestPass
+    nodes.NODE_CLASS_MAPPINGS["PlacementTestHog"] = PlacementTestHog
     executor = execution.PromptExecutor(server.PromptServer.instance,
                                         cache_type=execution.CacheType.CLASSIC,
                                         cache_args={"ram": 16.0, "ram_inactive": 16.0})
+    await sized_inventories(executor)
     runs = RESULTS["runs"] = {}
     for unet, name in UNETS.items():
         runs["ref_" + unet] = await run(executor, "ref_" + unet, unet=unet, second=True)
@@ -313,7 +370,7 @@ async def main():
                                    for u, s in before.items()}
     checks = RESULTS["checks"] = {}
     for tag, unet, inventory, placement, extra in SCENARIOS:
-        os.environ["COMFYUI_PLACEMENT_SIMULATE"] = inventory
+        os.environ["COMFYUI_PLACEMENT_SIMULATE"] = INVENTORIES[inventory]
         try:
             runs[tag] = await run(executor, tag, unet=unet, placement=placement, **extra)
         finally:

@@ -127,6 +127,13 @@ def probed_pipeline(tag, action="none", at_call=2, **kw):
     return prompt
 
 
+def measured_records():
+    """The measured records Apply Placement sent during the last prompt (its node view
+    draws them): nodes/measured.py's record, runtime_fallbacks included."""
+    return [d for e, d in cd.server.PromptServer.instance.messages
+            if e == "placement.measured"]
+
+
 def session_record(tag):
     model = cd.KEPT.get(tag, {}).get("model")
     if model is None:
@@ -155,6 +162,7 @@ async def scenario(executor, name, inventory, **kw):
     os.environ["COMFYUI_PLACEMENT_SIMULATE"] = inventory
     try:
         rec = {"run": await cd.run_prompt(executor, probed_pipeline(name, **kw), name)}
+        rec["measured"] = measured_records()
         rec["probe"] = PROBES.get(name)
         rec["after_run"] = loaded_view()
         rec["session"] = session_record(name)
@@ -226,6 +234,7 @@ async def call_scenario(executor, name, inventory, component, action="none", ref
     try:
         prompt = cd.pipeline(tag=name, keep_placed=True, keep_placed_vae=True, **kw)
         rec = {"run": await cd.run_prompt(executor, prompt, name)}
+        rec["measured"] = measured_records()
     finally:
         handle.remove()
         del os.environ["COMFYUI_PLACEMENT_SIMULATE"]
@@ -283,28 +292,42 @@ async def main():
     RESULTS["model_bytes"] = sum(p.numel() * p.element_size()
                                  for p in original.model.diffusion_model.parameters())
 
-    # 1. layer split over two simulated devices, each smaller than the model: the view
+    # the simulated devices, each just big enough for what its plan holds there (its
+    # weights, ring and working memory: comfy_driver.sized_inventory), none the model
+    # whole beside its working memory
+    split_inv, _ = await cd.sized_inventory(executor, "size_split", ["cuda0", "cuda1"],
+                                            split_mode="layer", **SPLIT)
+    stream_inv, _ = await cd.sized_inventory(
+        executor, "size_stream", ["cuda0"], backend="diffusion=cuda0,vae=cpu",
+        params_backend="diffusion=cpu", stream_layers=True)
+    row_inv, _ = await cd.sized_inventory(executor, "size_row", ["cuda0", "cuda1"],
+                                          split_mode="row", unet="tiny_flux_wide.safetensors",
+                                          **SPLIT)
+    RESULTS["inventories"] = {"split": split_inv, "stream": stream_inv, "row": row_inv}
+    mm.unload_all_models()
+    # 1. layer split over two simulated devices, each holding its range: the view
     #    during the run, then ComfyUI frees memory on the shares' device mid-run
-    RESULTS["split_view"] = await scenario(executor, "split_view", "cuda0=5MiB,cuda1=5MiB",
+    RESULTS["split_view"] = await scenario(executor, "split_view", split_inv,
                                            split_mode="layer", **SPLIT)
-    RESULTS["split_free"] = await scenario(executor, "split_free", "cuda0=5MiB,cuda1=5MiB",
+    RESULTS["split_free"] = await scenario(executor, "split_free", split_inv,
                                            split_mode="layer", action="free_memory", at_call=1, **SPLIT)
     # 2. unload_all_models between runs, then the same placement runs again
     mm.unload_all_models()
     RESULTS["after_unload_all"] = {"view": loaded_view(),
                                    "session": session_record("split_free")}
-    RESULTS["split_rerun"] = await scenario(executor, "split_rerun", "cuda0=5MiB,cuda1=5MiB",
+    RESULTS["split_rerun"] = await scenario(executor, "split_rerun", split_inv,
                                             split_mode="layer", **SPLIT)
-    # 3. one simulated device smaller than the model, streamed: ComfyUI's partial unload
+    # 3. one simulated device, streamed (no room for the whole model beside its working
+    #    memory): ComfyUI's partial unload
     RESULTS["stream_partial"] = await scenario(
-        executor, "stream_partial", "cuda0=6MiB", backend="diffusion=cuda0,vae=cpu",
+        executor, "stream_partial", stream_inv, backend="diffusion=cuda0,vae=cpu",
         params_backend="diffusion=cpu", stream_layers=True, action="partial", at_call=1)
     # 4. row split of the wide model over two simulated devices
     RESULTS["wide_reference"] = await cd.run_prompt(executor, cd.pipeline(
         placed=False, unet="tiny_flux_wide.safetensors", tag="wide_reference"),
         "wide_reference")
     RESULTS["row_view"] = await scenario(
-        executor, "row_view", "cuda0=10MiB,cuda1=10MiB", split_mode="row",
+        executor, "row_view", row_inv, split_mode="row",
         unet="tiny_flux_wide.safetensors", ref="wide_reference", **SPLIT)
     # 5. auto-fit decides: the shares follow the planner's held bytes
     RESULTS["fit_view"] = await scenario(executor, "fit_view", "cuda0=1GiB,cuda1=1GiB",
@@ -328,7 +351,7 @@ async def main():
         executor, "te_free", cd.TE_INVENTORY, "te", action="free_memory", text=True,
         ref="te_reference", backend="te=cuda0&cuda1,diffusion=cpu,vae=cpu")
     RESULTS["vae_partial"] = await call_scenario(
-        executor, "vae_partial", "cuda0=64MiB", "vae", action="partial",
+        executor, "vae_partial", "cuda0=64MiB@workspace=0", "vae", action="partial",
         backend="diffusion=cpu,vae=cuda0")
     RESULTS["te_fit"] = await call_scenario(
         executor, "te_fit", "cuda0=1GiB,cuda1=1GiB", "te", text=True, ref="te_reference",

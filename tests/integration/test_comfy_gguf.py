@@ -4,8 +4,14 @@ split, with LoRA; Flux's text encoders from DualCLIPLoader (GGUF) (a Q8_0 T5) st
 and layer split; each image against ComfyUI-GGUF's own run without placement. The driver
 (gguf_driver.py) writes tiny Flux and T5 GGUF files with the pack's writer.
 
+ComfyUI-GGUF's GGMLTensors run under the simulated device's check and working-memory
+meter like any weight (issue 29 item 6): a double block that never arrives is refused
+as a GPU would refuse it, and the bytes each forward copied are the blocks' quantized
+bytes, counted from the file's tensor table.
+
 Needs ComfyUI-GGUF in COMFYUI_PATH/custom_nodes (WITH_GGUF=1 comfyui-harness): skipped
 without it locally, a failure under COMFYUI_PLACEMENT_REQUIRE_COMFYUI=1 (CI)."""
+import re
 import sys
 from pathlib import Path
 
@@ -60,19 +66,52 @@ def test_lora_applied_at_dequantization_equals_comfyui_gguf(results, tag):
 
 
 def test_streamed_bytes_are_the_quantized_bytes(results):
+    # from the file's tensor table: the double and single blocks, and everything else
     blocks = results["files"]["tiny_flux_q8_0.gguf"]["block_bytes"]
+    rest = results["files"]["tiny_flux_q8_0.gguf"]["bytes"] - blocks
     for tag in ("stream_cpu", "stream_disk"):
-        stats = ran(results[tag])["session"]["stats"]
+        rec = ran(results[tag])
+        stats = rec["session"]["stats"]
         assert stats["mode"] == "stream" and stats["streamed_blocks"] == 4
         # every block streams as its quantized bytes (no dequantized copy over the link)
         assert stats["streamed_bytes_per_forward"] == blocks
         assert stats["devices"]["cuda0"]["peak_bytes"] <= stats["devices"]["cuda0"]["capacity_bytes"]
+        # measured after each of the sampler's two model calls: the first brought the
+        # non-block weights and every block, the second every block again
+        first, second = rec["forward_h2d"]
+        assert first >= rest + blocks and second - first == blocks
+
+
+@pytest.mark.parametrize("tag", EXACT + EXACT_LORA + ("wide_row", "wide_row_lora"))
+def test_checked_and_metered_like_any_model(results, tag):
+    stats = ran(results[tag])["session"]["stats"]
+    assert stats["device_check"] == "on"
+    # every device metered its working memory: at least one dequantized float32 weight
+    # (the smallest quantized block Linear of both tiny Flux files is 128 x 128 or more)
+    assert all(d["working_peak_bytes"] >= 128 * 128 * 4 for d in stats["devices"].values())
+    assert all(d["peak_bytes"] <= d["capacity_bytes"] for d in stats["devices"].values())
+
+
+def test_a_block_that_never_arrived_is_refused(results):
+    """Double block 1 run with no hook on or inside it: its quantized weights are read
+    where they rest, which a GPU refuses; so must the simulated device."""
+    rec = results["skip_arrival"]
+    assert rec["valid"] and not rec["success"]
+    message = " ".join(e["exception_message"] for e in rec["exec_errors"])
+    assert re.search(r"diffusion: double_blocks\.1\.\S+ was read by .* rests in host "
+                     r"memory, not on cuda0", message), message
 
 
 def test_layer_split_uses_both_devices(results):
-    stats = ran(results["split_layer_disk"])["session"]["stats"]
-    assert set(stats["devices"]) == {"cuda0", "cuda1"} and stats["hops"] >= 1
-    assert all(d["h2d_bytes"] > 0 for d in stats["devices"].values())
+    total = results["files"]["tiny_flux_q8_0.gguf"]["bytes"]
+    for tag in ("split_layer", "split_layer_disk"):
+        rec = ran(results[tag])
+        stats = rec["session"]["stats"]
+        assert set(stats["devices"]) == {"cuda0", "cuda1"} and stats["hops"] >= 1
+        assert all(d["h2d_bytes"] > 0 for d in stats["devices"].values())
+        # each device's range loaded once, as the file's quantized bytes; no forward
+        # copies weights again
+        assert rec["forward_h2d"] == [total, total]
 
 
 def test_row_split_of_q4_k_weights(results):
@@ -99,6 +138,12 @@ def test_dual_clip_loader_gguf_text_encoders_placed(results, tag):
     assert rec["image"]["equal"], rec["image"]
     calls = rec["calls"]
     assert calls and all(c["outcome"] == "ok" for c in calls)
+    # checked and metered: the T5's token table (32128 x 32), dequantized, is working
+    # memory of the device that embeds the tokens
+    for c in rec["checks"]:
+        assert c["device_check"] == "on"
+        assert all(w is not None for w in c["working_peak_bytes"].values())
+        assert max(c["working_peak_bytes"].values()) >= 32128 * 32 * 2
     if tag == "te_stream":
         # the T5's blocks stream as their file bytes (Q8_0 weights; ComfyUI's T5 keeps a
         # few hundred bytes of the file's block tensors outside its blocks: 640 B here)

@@ -316,7 +316,8 @@ def test_streaming_really_happened_within_budget(results, residency):
     stats = session["stats"]
     dev = stats["devices"]["cuda0"]
     assert stats["mode"] == "stream" and stats["streamed_blocks"] > 0
-    assert dev["capacity_bytes"] < s["model_bytes"]     # the model cannot sit there whole
+    # the model cannot sit there whole beside the working memory the plan keeps
+    assert dev["capacity_bytes"] < s["model_bytes"] + s["stream_working_memory"]
     assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"]
     # two sampling steps: every streamed block came in once per forward
     assert dev["h2d_bytes"] >= stats["resident_weight_bytes"] + \
@@ -394,10 +395,16 @@ def test_split_over_two_simulated_devices_equals_one(results, mode):
     stats = s[f"split_{mode}_session"]["stats"]
     assert set(stats["devices"]) == {"cuda0", "cuda1"}
     for dev in stats["devices"].values():
-        assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"] < s["model_bytes"]
+        assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"] < \
+            s["model_bytes"] + s["split_working_memory"]
     # the tiny model has no Linear of 256x256 or more: row split falls back to layer
     assert stats["split_mode"] == "layer"
     assert stats["hops"] == stats["boundaries"] * stats["forwards"] > 0
+    # said in the stats and in the record the node shows, never in silence
+    fell = [(f["planned"], f["ran"]) for f in stats["fallbacks"] if f["kind"] == "row_to_layer"]
+    shown = [(f["planned"], f["ran"]) for f in s[f"split_{mode}_measured"][-1]["runtime_fallbacks"]
+             if f["kind"] == "row_to_layer" and f["component"] == "diffusion"]
+    assert fell == shown == ([("row", "layer")] if mode == "row" else []), (fell, shown)
 
 
 def test_layer_split_with_lora_equals_comfyui_fused_lora(results):
@@ -538,7 +545,8 @@ def test_row_split_shards_a_wide_flux_over_two_devices(results):
     assert stats["shards_per_device"] == {"cuda0": stats["sharded_linears"],
                                           "cuda1": stats["sharded_linears"]}
     for dev in stats["devices"].values():
-        assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"] < s["wide_model_bytes"]
+        assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"] < \
+            s["wide_model_bytes"] + s["wide_working_memory"]
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
@@ -559,7 +567,8 @@ def test_row_split_with_lora_equals_comfyui_fused_lora(results, where):
     assert stats["shards_per_device"] == {"cuda0": stats["sharded_linears"],
                                           "cuda1": stats["sharded_linears"]}
     for dev in stats["devices"].values():
-        assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"] < s["wide_model_bytes"]
+        assert 0 < dev["peak_bytes"] <= dev["capacity_bytes"] < \
+            s["wide_model_bytes"] + s["wide_working_memory"]
     assert s["wide_weights_unchanged_by_row_lora"]
 
 

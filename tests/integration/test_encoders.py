@@ -51,6 +51,70 @@ def test_text_encoder_streamed_and_split_equal_plain(results, name):
             assert facts["hops"] >= 2 and len(facts["devices"]) == 2, facts
 
 
+# encoders whose forward reads token values (.item(): an LLM's image-token positions)
+# cannot run on the meta device: their calls keep the plan's estimate and say why
+UNREHEARSABLE = {"qwen25_7b_qwen_image": ".item()", "hunyuan_video_clip_l_llava": ".item()"}
+
+
+def rehearsed_as_metered(facts, methods, split=False, unrehearsable=None):
+    """Each engine call's working memory was rehearsed on the meta device at its real
+    inputs (runtime/comfy/engine_calls.py) and is what the simulated device metered for
+    that call (issue 29 item 2: within 10%; on these models, to the byte), and the
+    call's plan holds it: planned bytes are the ledger's peak. A layer split's devices:
+    the metered peak within what was rehearsed and reserved there."""
+    seen = set()
+    for r in facts["rehearsals"]:
+        if unrehearsable:
+            assert r["rehearsal"] is None and unrehearsable in r["unrehearsed"], r
+            continue
+        assert r["rehearsal"] and not r["unrehearsed"], r
+        seen.add(r["method"])
+        reh = r["rehearsal"]
+        for dev, metered in r["metered"].items():
+            want = reh["per_device"].get(dev, reh["working_bytes"])
+            if split:
+                assert metered and metered <= want, (dev, r)
+                assert r["peaks"][dev] <= r["planned"][dev], (dev, r)
+                continue
+            assert metered and abs(metered - want) <= want // 10, (dev, r)
+            # the engine reserved that figure, not the metadata's estimate
+            assert reh["headroom_bytes"][dev] == want + reh["workspace_bytes"] + (
+                reh["input_bytes"] if dev == next(iter(reh["headroom_bytes"])) else 0), r
+            assert abs(r["peaks"][dev] - r["planned"][dev]) <= r["planned"][dev] // 10, (dev, r)
+    assert unrehearsable or set(methods) <= seen, (methods, seen)
+
+
+@pytest.mark.parametrize("name", TEXT_ENCODERS)
+def test_text_encoder_calls_use_their_rehearsed_working_memory(results, name):
+    ways = results["text_encoders"][name]["ways"]
+    for way in ("stream_cpu", "layer"):
+        if ways[way]["facts"] is None:
+            continue                    # the run failed: test_..._equal_plain says why
+        rehearsed_as_metered(ways[way]["facts"], ["encode_token_weights"], way == "layer",
+                             UNREHEARSABLE.get(name))
+
+
+# LTXV's decode_tiled calls copy each tile's output into a host buffer inside the call
+# (not yet rehearsable on meta); its whole-frame decode and encode are
+TILES_UNREHEARSABLE = {"ltxv_vae": "Cannot copy out of meta tensor"}
+
+
+@pytest.mark.parametrize("name", VAES)
+def test_vae_calls_use_their_rehearsed_working_memory(results, name):
+    """Decode, encode and ComfyUI's tiled decode (VAE Decode (Tiled), a call per tile)."""
+    w = results["vaes"][name]["ways"]["placed"]
+    assert w["more_calls"] == {"encode": "ok", "decode_tiled": "ok"}, w["more_calls"]
+    facts = dict(w["facts"])
+    calls = facts["rehearsals"]
+    tiles = [r for r in calls if r["method"] == "decode"][1:]
+    assert tiles, calls                        # the tiled decode's calls
+    if name in TILES_UNREHEARSABLE:            # known: said in one line, estimate kept
+        left = [r for r in tiles if r["rehearsal"] is None]
+        assert left and all(TILES_UNREHEARSABLE[name] in r["unrehearsed"] for r in left), left
+        calls = [r for r in calls if r["rehearsal"] is not None]
+    rehearsed_as_metered(dict(facts, rehearsals=calls), ["decode", "encode"])
+
+
 @pytest.mark.parametrize("name", VAES)
 def test_vae_plain_tiled_and_placed(results, name):
     r = results["vaes"][name]

@@ -4,10 +4,11 @@ families_driver.py builds a tiny random instance of each family's own ComfyUI cl
 (families.py), loads it through UNETLoader (ComfyUI's detection picks the class), samples
 it plain, then placed five ways on simulated GPUs smaller than the model: streamed from
 host memory and from the file, layer split and row split over two devices, and auto-fit
-under max_vram budgets. Each placed latent must equal the plain one within float32
-rounding. Families whose detection only knows full sizes (tier "min": gigabytes; tier
-"meta": tens of GB) are checked on the meta device at full size: detection, the blocks
-the runtime finds, and a streaming plan.
+under roomy max_vram budgets; on a subset of families auto-fit also runs under budgets
+that force each of its choices (streaming, a layer split, a row split). Each placed
+latent must equal the plain one within float32 rounding. Families whose detection only
+knows full sizes (tier "min": gigabytes; tier "meta": tens of GB) are checked on the
+meta device at full size: detection, the blocks the runtime finds, and a streaming plan.
 """
 import sys
 from pathlib import Path
@@ -26,6 +27,11 @@ RUN = ["sd15", "sdxl", "svd", "sd3", "flux1_d4", "flux2_d4", "pixart_sigma_d4",
        "hunyuan_video_d4", "hunyuan_video15_d4", "ltxv_d4", "cogvideox_d4", "cosmos_predict2",
        "kandinsky5_d4", "hunyuan3d2_d4", "hunyuan3d21_d4"]
 UNETS = ["sd15", "sdxl", "svd"]     # blocks entered through their layers (units.py)
+# auto-fit under budgets that leave it one choice each (families_driver.fit_budgets), on
+# a few families of different block lists (the UNet's loop-run blocks and skips, double
+# and single streams, video, text blocks before visual ones), to keep the run short
+FIT_CHOICE = ["sd15", "flux1_d4", "wan21_d4", "hunyuan_video_d4", "kandinsky5_d4"]
+ROW_CHOICE = ["sd15"]               # its blocks hold Linears a row split shards
 META = ["chroma_d4", "auraflow", "cascade_c", "cascade_b", "qwen_image_d4", "lumina2_d4",
         "zimage_d4", "hidream", "mochi", "omnigen2", "ace_step"]
 
@@ -33,7 +39,8 @@ META = ["chroma_d4", "auraflow", "cascade_c", "cascade_b", "qwen_image_d4", "lum
 @pytest.fixture(scope="module")
 def everything(tmp_path_factory):
     return run_driver(DRIVER, "FAMILIES_RESULTS", tmp_path_factory.mktemp("families"),
-                      extra=["--depth", "4", "--ways", "all", "--lora", ",".join(UNETS)])
+                      extra=["--depth", "4", "--ways", "all", "--lora", ",".join(UNETS),
+                             "--fit-choices", ",".join(FIT_CHOICE)])
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +132,64 @@ def test_plans_match_what_ran(results, key):
         check_plan_matches_run(key, way, results[key]["ways"][way]["facts"])
     for name, dev in results[key]["ways"]["row"]["facts"]["measured"].items():
         assert dev["peak_bytes"] <= dev["capacity_bytes"], (key, name, dev)
+
+
+def forced_fit(results, key, way):
+    """The facts of a FIT_CHOICES way, with the bytes auto-fit planned for the model
+    resident on one device in the roomy auto_fit way (weights and working memory)."""
+    ways = results[key]["ways"]
+    w = ways[way]
+    assert w["ok"], (way, w.get("skipped"), w.get("error"), w.get("compare"))
+    facts = w["facts"]
+    resident = max(ways["auto_fit"]["facts"]["planned"].values())
+    assert resident > 0, ways["auto_fit"]["facts"]
+    assert facts["session"] and facts["device_check"] == "on", facts
+    for name, dev in facts["measured"].items():
+        assert dev["peak_bytes"] <= dev["capacity_bytes"], (way, name, dev)
+    return facts, resident
+
+
+@pytest.mark.parametrize("key", FIT_CHOICE)
+def test_auto_fit_streams_what_one_device_cannot_hold(results, key):
+    """One GPU whose budget is below the model with its working memory, above its
+    non-block weights and a ring: auto-fit streams (the host computes slowly in that
+    inventory, so the CPU is no way out), and the latent is the plain one."""
+    facts, resident = forced_fit(results, key, "auto_fit_stream")
+    assert facts["budgets"]["cuda0"] < resident, (facts["budgets"], resident)
+    assert facts["fit"]["decision"] == "stream", facts
+    assert facts["runtime"] == ["cuda0"] and facts["params"] in ("cpu", "disk"), facts
+    assert facts["stream"] and facts["mode"] == "stream" and facts["streamed_blocks"] > 0, facts
+    check_plan_matches_run(key, "auto_fit_stream", facts)
+
+
+@pytest.mark.parametrize("key", FIT_CHOICE)
+def test_auto_fit_splits_what_neither_device_holds_alone(results, key):
+    """Two GPUs, each budget below the model with its working memory, both together above
+    it: auto-fit splits it by layer over both, each device computing its range (the
+    activations hop there and back every step), and the latent is the plain one."""
+    facts, resident = forced_fit(results, key, "auto_fit_split")
+    budgets = facts["budgets"]
+    assert max(budgets.values()) < resident <= sum(budgets.values()), (budgets, resident)
+    assert facts["fit"]["decision"] == "split" and facts["split_mode"] == "layer", facts
+    assert facts["runtime"] == ["cuda0", "cuda1"] and facts["stream"] is None, facts
+    assert "cuda1" in facts["blocks"], facts        # a range there (cuda0: at least N)
+    assert facts["hops"] >= 2 and sorted(facts["measured"]) == ["cuda0", "cuda1"], facts
+    assert all(d["peak_bytes"] > 0 for d in facts["measured"].values()), facts
+    check_plan_matches_run(key, "auto_fit_split", facts)
+
+
+@pytest.mark.parametrize("key", FIT_CHOICE)
+def test_auto_fit_row_splits_where_the_blocks_hold_large_linears(results, key):
+    """The same budgets with split_mode row: a row split, its Linears sharded, where the
+    blocks hold Linears of 256x256 or more; the driver skips the others, saying why."""
+    w = results[key]["ways"]["auto_fit_row"]
+    if key not in ROW_CHOICE:
+        assert w["ok"] is None and "no Linear" in w["skipped"], w
+        return
+    facts, resident = forced_fit(results, key, "auto_fit_row")
+    assert max(facts["budgets"].values()) < resident, (facts["budgets"], resident)
+    assert facts["fit"]["kind"] == "row_split" and facts["split_mode"] == "row", facts
+    assert facts["runtime"] == ["cuda0", "cuda1"] and facts["sharded_linears"], facts
 
 
 @pytest.fixture(scope="module")

@@ -33,10 +33,10 @@ def test_scenarios_ran_as_intended(results):
     assert runs["interrupt"]["valid"] and runs["interrupt"]["success"] is False
     assert runs["interrupt"]["errors"] == []
     assert runs["oom"]["success"] is False
-    # a batch of 64 does not fit: refused at the inputs or at what the forward computes
+    # a block takes memory no plan knows of: out of memory at what the forward computes
     # (the simulated device meters working memory as a GPU allocates it)
-    assert any("OutOfMemoryError" in e and ("forward inputs" in e or "computed there" in e)
-               for e in runs["oom"]["errors"])
+    assert any("OutOfMemoryError" in e and "computed there" in e
+               for e in runs["oom"]["errors"]), runs["oom"]
     # the loaders' weights are inference tensors: the flag check below means something
     assert all(n > 0 for n in results["inference_before"].values())
 

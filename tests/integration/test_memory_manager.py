@@ -51,6 +51,15 @@ def main_patcher(view):
     return [e for e in view if e["class"].startswith("Placement")]
 
 
+def cast_path_fallbacks(record, component):
+    """The comfy_cast_path records of the run's measured record (the node's output, sent
+    after sampling and again after decode: the last one holds the whole run)."""
+    assert record["measured"], "the node sent no measured record"
+    last = record["measured"][-1]
+    return [f for f in last.get("runtime_fallbacks", [])
+            if f["kind"] == "comfy_cast_path" and f["component"] == component]
+
+
 def test_split_shares_are_loaded_models_with_the_planned_sizes(results):
     r = results["split_view"]
     ran(r)
@@ -105,6 +114,12 @@ def test_free_memory_mid_run_releases_the_engine_and_the_image_is_unchanged(resu
     for name, d in r["session"]["devices"].items():
         assert d["resident"] == 0 and d["slots"] == 0, (name, d)
     assert r["image"]["equal"], r["image"]
+    # the call finished on ComfyUI's cast path: a runtime fallback the node shows
+    [fell] = cast_path_fallbacks(r, "diffusion")
+    assert fell["device"] in ("cuda0", "cuda1") and fell["device"] in after["releases"]
+    assert fell["planned"] == "placed by the pack's engine on cuda0&cuda1"
+    assert fell["ran"] == "ComfyUI's cast path from the resting weights"
+    assert cast_path_fallbacks(results["split_view"], "diffusion") == []   # none asked
 
 
 def test_unload_all_models_then_the_same_placement_runs_again(results):
@@ -221,6 +236,10 @@ def test_free_memory_during_an_encode_releases_the_te_and_the_image_is_unchanged
     assert all(v == 0 for c in calls for v in c["held"].values()), calls
     assert all(c["peak"]["cuda0"] > 0 for c in calls), calls
     assert r["image"]["equal"], r["image"]
+    # the released encode is a runtime fallback on the node (the te's calls are read too)
+    [fell] = cast_path_fallbacks(r, "te")
+    assert fell["device"] in after["releases"] and "encode_token_weights" in fell["why"]
+    assert cast_path_fallbacks(results["te_view"], "te") == []
 
 
 def test_vae_share_and_partial_unload_during_a_decode(results):
@@ -242,6 +261,9 @@ def test_vae_share_and_partial_unload_during_a_decode(results):
     assert after["ledger"] == {} and after["releases"] == ["cuda0"], after
     assert mine(after["view"], probe["session_id"])["cuda0"]["loaded_size"] == 0
     assert r["image"]["equal"], r["image"]
+    # the decode finished on ComfyUI's cast path: in the decode's measured record
+    [fell] = cast_path_fallbacks(r, "vae")
+    assert fell["device"] == "cuda0" and "decode" in fell["why"]
 
 
 def test_unload_all_models_drops_the_te_and_vae_shares(results):

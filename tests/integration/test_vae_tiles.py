@@ -38,3 +38,19 @@ def test_tiled_image_close_to_full_frame(results):
     assert full == tiled == [1, 512, 512, 3]
     # blending overlapping tiles differs from the full frame only near seams
     assert results["mean_abs_diff"] < 0.1 * max(results["full_std"], 1e-3)
+
+
+def test_each_tile_call_is_planned_with_its_rehearsed_working_memory(results):
+    """Issue 29 item 2: each decode call of the tiled decode (a tile) is rehearsed on the
+    meta device at its shapes; the engine plans that figure, not the metadata's estimate
+    of a whole frame, and it is what the simulated device metered for the tile."""
+    calls = results["calls"]
+    assert len(calls) >= 3 and all(c["method"] == "decode" and c["outcome"] == "ok"
+                                   for c in calls), calls
+    for c in calls:
+        assert c["rehearsed"] and not c["unrehearsed"], c
+        assert c["rehearsed"] < c["estimate"], c          # a tile, not the whole frame
+        metered, peak, planned = c["metered"]["cuda0"], c["peaks"]["cuda0"], \
+            c["planned"]["cuda0"]
+        assert abs(metered - c["rehearsed"]) <= c["rehearsed"] // 10, c
+        assert peak <= planned, c        # the plan's bytes hold the tile (workspace spare)

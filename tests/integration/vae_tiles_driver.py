@@ -70,6 +70,19 @@ async def main():
     RESULTS["max_abs_diff"] = float(diff.max())
     RESULTS["full_std"] = float(full.float().std())
     RESULTS["loader_decode_is_class_method"] = "decode" not in vars(vae)
+    # each tile's decode call, rehearsed on meta at its shapes and metered on the
+    # simulated device (runtime/comfy/engine_calls.py)
+    session = placed["vae"].patcher.get_attachment("placement")
+    RESULTS["calls"] = [{
+        "method": c["method"], "outcome": c["outcome"], "unrehearsed": c.get("unrehearsed"),
+        "rehearsed": (c.get("rehearsal") or {}).get("working_bytes"),
+        "estimate": (c.get("rehearsal") or {}).get("estimate_bytes"),
+        "planned": c.get("planned"),
+        "metered": {n: d.get("working_peak_bytes")
+                    for n, d in (c.get("stats") or {}).get("devices", {}).items()},
+        "peaks": {n: d.get("peak_bytes")
+                  for n, d in (c.get("stats") or {}).get("devices", {}).items()}}
+        for c in getattr(session, "calls", [])]
 
 
 if __name__ == "__main__":

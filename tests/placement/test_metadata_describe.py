@@ -232,10 +232,11 @@ def test_describe_component_needs_a_source():
 def test_dit_headroom_formula(write):
     info, = describe(write("flux.safetensors", tf.flux(hidden=3072, double=1, single=1)))
     tokens = (1024 // 16) * (1024 // 16) + 512
-    assert info.headroom_bytes == hr.WORKSPACE + 44 * tokens * 3072 * 2
+    c = hr.DIT["flux"].c
+    assert info.headroom_bytes == hr.WORKSPACE + c * tokens * 3072 * 2
     bigger, = describe(write("flux.safetensors", tf.flux(hidden=3072, double=1, single=1)),
                        resolution=(2048, 1024), batch=2)
-    assert bigger.headroom_bytes == hr.WORKSPACE + 44 * (2 * (128 * 64 + 512)) * 3072 * 2
+    assert bigger.headroom_bytes == hr.WORKSPACE + c * (2 * (128 * 64 + 512)) * 3072 * 2
 
 
 def test_video_headroom_grows_with_frames(write):
@@ -244,7 +245,7 @@ def test_video_headroom_grows_with_frames(write):
     many, = describe(path, resolution=(832, 480), frames=81)
     lat = 1 + 80 // 4
     tokens = ((832 // 16) * (480 // 16) * lat + 512) * 2
-    assert many.headroom_bytes == hr.WORKSPACE + 24 * tokens * 512 * 2
+    assert many.headroom_bytes == hr.WORKSPACE + hr.DIT["wan"].c * tokens * 512 * 2
     assert many.headroom_bytes > 10 * (one.headroom_bytes - hr.WORKSPACE)
 
 

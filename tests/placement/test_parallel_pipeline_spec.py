@@ -85,7 +85,7 @@ def test_bad_values_are_one_line_errors(fields, match):
 def test_explicit_plan_gets_parallel_pipeline_with_its_ranges():
     inv = Inventory.simulated(INV)
     p = plan(PlacementSpec(backend="diffusion=cuda0&cuda1", parallel="diffusion=pipeline",
-                           max_vram="cuda0=3,cuda1=1"),
+                           max_vram="cuda0=3,cuda1=2.5"),
              inv, {"diffusion": info(2)})
     cp = p.components["diffusion"]
     assert cp.parallel == "pipeline" and cp.split_mode == "layer"
@@ -103,14 +103,21 @@ def test_explicit_plan_gets_parallel_pipeline_with_its_ranges():
     assert again.components["diffusion"].parallel == "pipeline"
     assert again.components["diffusion"].blocks == cp.blocks
     assert p.components["te"].parallel == "none"
-    # ranges in proportion to the budgets fill cuda1's 1 GiB with weights: no room left
-    # for the 1 GiB of working memory, and the plan says so (it reserves none itself)
-    assert [w.split(":")[0] for w in p.warnings] == ["cuda1"]
-    assert "working memory" in p.warnings[0]
+    # each range leaves its device the 1 GiB of working memory and the margin
+    for d in ("cuda0", "cuda1"):
+        dev = p.device(d)
+        assert dev.planned_bytes <= dev.room_bytes < dev.budget_bytes
+        assert dev.planned_bytes == sum(info(2).blocks[0].nbytes for _ in range(
+            cp.blocks[d][0], cp.blocks[d][1] + 1)) + GiB
+    assert not p.warnings
     # the split-mode form gives the same plan
     same = plan(PlacementSpec(backend="diffusion=cuda0&cuda1", split_mode="diffusion=pipeline",
-                              max_vram="cuda0=3,cuda1=1"), inv, {"diffusion": info(2)})
+                              max_vram="cuda0=3,cuda1=2.5"), inv, {"diffusion": info(2)})
     assert same.to_json() == p.to_json()
+    # budgets whose ranges would leave no room for the working memory are refused
+    with pytest.raises(PlacementError, match=r"^cuda0: diffusion needs .* working memory"):
+        plan(PlacementSpec(backend="diffusion=cuda0&cuda1", parallel="diffusion=pipeline",
+                           max_vram="cuda0=3,cuda1=1"), inv, {"diffusion": info(2)})
 
 
 def test_explicit_pipeline_streams_like_any_layer_split():
@@ -272,9 +279,11 @@ def test_an_asked_pipeline_runs_under_runtime_place():
     from comfyui_placement.runtime import place
     from comfyui_placement.runtime.split.pipeline import PipelinedSplit
     module, inp = _tiny_flux()
-    inv = Inventory.simulated("cuda0=64MiB,cuda1=64MiB")
+    # no kernel workspace on the simulated devices; the working memory planned at the
+    # size this test runs (16 image tokens of 16 px)
+    inv = Inventory.simulated("cuda0=64MiB@workspace=0,cuda1=64MiB@workspace=0")
     p = plan(PlacementSpec(backend="diffusion=cuda0&cuda1", parallel="diffusion=pipeline"),
-             inv, {"diffusion": module})
+             inv, {"diffusion": module}, resolution=(64, 64))
     cp = p.components["diffusion"]
     assert cp.parallel == "pipeline" and set(cp.blocks) == {"cuda0", "cuda1"}
     with torch.no_grad():

@@ -54,10 +54,11 @@ def test_explicit_plan_puts_it_in_the_plan_with_both_devices():
     whole = plan(PlacementSpec(backend="diffusion=cuda0&cuda1", parallel="diffusion=batch"),
                  inv, {"diffusion": model})
     size = whole.components["diffusion"].total_bytes
-    # ... and its working memory (an architecture the metadata does not know: the
-    # fixed reserve of seed 003, 2 GiB)
-    assert whole.device("cuda0").planned_bytes == whole.device("cuda1").planned_bytes == \
-        size + 2 * 1024 ** 3
+    # an architecture the metadata does not know has no working memory planned (a fixed
+    # reserve is a guess: the run measures it), and the plan says so
+    assert whole.device("cuda0").planned_bytes == whole.device("cuda1").planned_bytes == size
+    assert any(r.startswith("working memory not planned")
+               for r in whole.components["diffusion"].reasons)
     assert p.components["te"].parallel == "none"
 
 

@@ -14,9 +14,9 @@ def _flux_like(total_blocks=10, block=GiB):
 
 
 def test_json_v1_keys_and_round_trip(seed_inventory):
-    # 10.5 GiB over budgets of 6 and 2 GiB: each device streams its range
+    # 10.5 GiB over budgets of 6 and 2.5 GiB: each device streams its range
     p = plan(PlacementSpec(backend="diffusion=cuda0&cuda1,te=cpu", params_backend="vae=disk",
-                           max_vram="cuda0=6,cuda1=2", stream_layers=True), seed_inventory,
+                           max_vram="cuda0=6,cuda1=2.5", stream_layers=True), seed_inventory,
              components={"diffusion": _flux_like()})
     data = json.loads(p.to_json())
     assert data["version"] == 1
@@ -25,8 +25,9 @@ def test_json_v1_keys_and_round_trip(seed_inventory):
     assert set(comp) >= {"runtime", "params", "split_mode", "stream", "blocks", "resident_bytes",
                          "streamed_bytes", "reasons"}
     assert comp["runtime"] == ["cuda0", "cuda1"]
-    # proportional to budgets 6:2 over 10 blocks of 1 GiB, the main device also holding
-    # the 0.5 GiB of non-block weights: 5.5:2 -> 7.33 blocks on cuda0
+    # the blocks do not fit whole: in proportion to the rooms (budgets less a margin of a
+    # sixteenth), the main device's less the 0.5 GiB of non-block weights:
+    # 5.125:2.34 -> 6.86 blocks on cuda0
     assert comp["blocks"] == {"cuda0": [0, 6], "cuda1": [7, 9]}
     assert data["components"]["vae"]["params"] == "disk"
     again = Plan.from_json(p.to_json())
@@ -52,23 +53,30 @@ def test_weights_past_the_budget_are_refused_in_one_line(seed_inventory):
         plan(PlacementSpec(backend="cuda1", max_vram="cuda1=4"), seed_inventory,
              components={"diffusion": _flux_like()})
     assert str(err.value) == ("cuda1: diffusion needs 10.50 GiB for its weights there but "
-                              "the budget of cuda1 is 4.00 GiB, short by 6.50 GiB; turn on "
-                              "stream_layers")
+                              "the budget of cuda1 (4.00 GiB less its 256.00 MiB margin) "
+                              "leaves 3.75 GiB, short by 6.75 GiB; turn on stream_layers")
     with pytest.raises(PlacementError, match="short by .*; raise max_vram cuda1 to"):
         plan(PlacementSpec(backend="cuda1", max_vram="cuda1=0.5", stream_layers=True),
              seed_inventory, components={"diffusion": _flux_like()})
 
 
-def test_working_memory_past_the_budget_is_warned_not_hidden(seed_inventory):
-    """Weights that fit and working memory that may not: warned (its size is known only
-    when the run starts), and the report shows the deficit."""
+def test_working_memory_past_the_budget_is_refused_in_one_line(seed_inventory):
+    """Weights that fit and working memory that does not: the budget holds both (issue
+    29), so plan() refuses in one line; the run would run out of memory."""
     from dataclasses import replace
     info = replace(_flux_like(), headroom_bytes=2 * GiB)
-    p = plan(PlacementSpec(backend="cuda1", max_vram="cuda1=11"), seed_inventory,
+    with pytest.raises(PlacementError) as err:
+        plan(PlacementSpec(backend="cuda1", max_vram="cuda1=11"), seed_inventory,
              components={"diffusion": info})
-    assert any(w.startswith("cuda1: plan needs 10.50 GiB of weights and about 2.00 GiB of "
-                            "working memory") for w in p.warnings), p.warnings
-    assert "DEFICIT" in p.report()
+    assert str(err.value) == (
+        "cuda1: diffusion needs 10.50 GiB for its weights and 2.00 GiB of working memory "
+        "for diffusion there but the budget of cuda1 (11.00 GiB less its 512.00 MiB margin) "
+        "leaves 10.50 GiB, short by 2.00 GiB; turn on stream_layers")
+    # streamed, the resident prefix leaves the working memory its room
+    p = plan(PlacementSpec(backend="cuda1", max_vram="cuda1=11", stream_layers=True),
+             seed_inventory, components={"diffusion": info})
+    assert p.device("cuda1").planned_bytes <= p.device("cuda1").room_bytes
+    assert p.components["diffusion"].headroom_bytes == 2 * GiB
 
 
 @pytest.mark.parametrize("text,words", [

@@ -208,7 +208,8 @@ def test_explicit_plans_at_edge_budgets(edge_models, arch, backend, param, split
         p = plan(_spec(backend, param, split, stream, False, "auto"), inv,
                  {"diffusion": module}, resolution=(64, 64))
     except PlacementError as exc:
-        assert "\n" not in str(exc) and "short by" in str(exc) or "split" in str(exc), exc
+        msg = str(exc)
+        assert "\n" not in msg and ("short by" in msg or "split" in msg), msg
         return
     cp = p.components["diffusion"]
     try:

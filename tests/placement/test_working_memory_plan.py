@@ -75,10 +75,12 @@ def test_a_layer_split_plans_each_device_its_own_working_memory():
 
 def test_a_plan_past_its_budget_by_working_memory_says_so_in_one_line():
     inv = Inventory.simulated("cuda0=8GiB@workspace=0")
-    p = plan(PlacementSpec(backend="diffusion=cuda0", max_vram="cuda0=0.0371"), inv,
+    with pytest.raises(PlacementError) as err:
+        plan(PlacementSpec(backend="diffusion=cuda0", max_vram="cuda0=0.0371"), inv,
              {"diffusion": dit()})
-    (warning,) = [w for w in p.warnings if "working memory" in w]
-    assert "\n" not in warning
-    assert warning.startswith("cuda0: plan needs 34.00 MiB of weights and about 12.00 MiB "
-                              "of working memory for diffusion (46.00 MiB)")
-    assert "turn on auto_fit" in warning
+    line = str(err.value)
+    assert "\n" not in line
+    assert line.startswith("cuda0: diffusion needs 34.00 MiB for its weights and 12.00 MiB "
+                           "of working memory for diffusion there but the budget of cuda0 "
+                           "(37.99 MiB less its 2.37 MiB margin) leaves 35.62 MiB, short by "
+                           "10.38 MiB; ")

@@ -265,13 +265,15 @@ def test_spec_to_plan_to_place_runs_batch_parallel(tiny):
     """The user's words end to end: backend a&b with split_mode batch, through place()."""
     from comfyui_placement import PlacementSpec, place, plan
     from comfyui_placement.placement.devices import Inventory
-    inv = Inventory.simulated("cuda0=256MiB,cuda1=256MiB")
+    # simulated GPUs allocate no kernel workspace; the working memory planned at a small
+    # frame, as the test runs
+    inv = Inventory.simulated("cuda0=256MiB@workspace=0,cuda1=256MiB@workspace=0")
     model, inp = tiny("wan")
     inp = batched(inp, 2)
     ref = run(model, inp)
     spec = PlacementSpec(backend="diffusion=cuda0&cuda1", split_mode="diffusion=batch",
                          stream_layers=True)
-    p = plan(spec, inv, {"diffusion": model})
+    p = plan(spec, inv, {"diffusion": model}, resolution=(64, 64))
     with place(model, p, "diffusion", inv) as placed:
         out = run(model, inp)
     assert isinstance(placed, BatchPlaced)

@@ -82,18 +82,52 @@ def test_quantized_weights_stay_raw_and_the_skeleton_is_untouched(quantized):
     assert torch.equal(run(model, inp), run(dequantized_copy(skeleton, path), inp))
 
 
-def test_streamed_run_equals_resident_and_moves_quantized_bytes(quantized):
+@pytest.mark.parametrize("params", ["cpu", "disk"])
+def test_streamed_run_equals_resident_and_moves_quantized_bytes(quantized, params):
+    qtype, skeleton, inp, path, _ = quantized
+    model = load_gguf(path, skeleton)
+    ref = run(model, inp)
+    if params == "disk":
+        model = load_gguf(path, skeleton, lazy=True)
+    inv = Inventory.simulated(INVENTORY)
+    with place(model, plan(params=params, stream=(0, 1)), "diffusion", inv,
+               weights_file=path if params == "disk" else None) as placed:
+        h2d = []
+        for _ in range(3):
+            assert torch.equal(run(model, inp), ref)
+            h2d.append(placed.stats()["devices"]["cuda0"]["h2d_bytes"])
+        stats = placed.stats()
+    # from the file's table, not the stats: the blocks' quantized bytes
+    with GGUFTensors(path) as table:
+        block_bytes = sum(t.nbytes for t in table if "blocks." in t.name)
+    assert stats["streamed_bytes_per_forward"] == block_bytes
+    # what a forward copied host-to-device: every block's quantized bytes once
+    assert [b - a for a, b in zip(h2d, h2d[1:])] == [block_bytes, block_bytes]
+    # checked and metered: the dequantized weights count as working memory
+    largest = max(m.out_features * m.in_features * 4 for m in model.modules()
+                  if isinstance(m, GGUFLinear))
+    assert stats["device_check"] == "on"
+    assert stats["devices"]["cuda0"]["working_peak_bytes"] >= largest
+    if params == "cpu":
+        assert torch.equal(run(model, inp), ref)               # restored
+
+
+def test_a_gguf_block_that_never_arrives_raises_device_mismatch(quantized):
+    """A block run with no hook on it or inside it (its own code called directly) is never
+    brought to the device: its quantized weight is read where it rests, which a GPU
+    refuses."""
+    from comfyui_placement.runtime.simcheck import DeviceMismatch
+    from test_gguf_checks import never_arrives
     qtype, skeleton, inp, path, _ = quantized
     model = load_gguf(path, skeleton)
     ref = run(model, inp)
     inv = Inventory.simulated(INVENTORY)
-    with place(model, plan(stream=(0, 1)), "diffusion", inv) as placed:
+    with place(model, plan(stream=(0, 1)), "diffusion", inv):
+        with never_arrives(model, model.single_transformer_blocks[1]):
+            with pytest.raises(DeviceMismatch, match=r"single_transformer_blocks\.1\.\S+ was "
+                                                     r"read .* rests in host memory, not on cuda0"):
+                run(model, inp)
         assert torch.equal(run(model, inp), ref)
-        stats = placed.stats()
-    with GGUFTensors(path) as table:
-        block_bytes = sum(t.nbytes for t in table if "blocks." in t.name)
-    assert stats["streamed_bytes_per_forward"] == block_bytes
-    assert torch.equal(run(model, inp), ref)                   # restored
 
 
 def test_layer_and_row_split_equal_resident(quantized):

@@ -77,7 +77,8 @@ def test_pinned_host_ram_of_a_streamed_placement_is_the_streamed_weights(
     monkeypatch.setattr(engine_module, "PinnedPool", Pinning)
     model, inp = tiny("flux")
     ref = run_model(model, inp)
-    with place(model, plan_for("cpu", stream=(0, 1)), "diffusion", sim_inventory) as placed:
+    with place(model, plan_for("cpu", stream=(0, 1)), "diffusion", sim_inventory,
+               rehearse=False) as placed:          # loaded at entry
         assert torch.equal(run_model(model, inp), ref)
         assert torch.equal(run_model(model, inp), ref)
     stats = placed.stats()

@@ -19,16 +19,17 @@ KiB = 1024
 
 
 def _kib(b: int) -> str:
-    return f"{b // KiB + 1}KiB"
+    # sized to the byte model's edges: no margin kept (placement/room.py)
+    return f"{b // KiB + 1}KiB@margin=0"
 
 
 def _place(module, p, inv):
     """Ledger bytes per runtime device once loaded (no forward: weights and rings are
-    allocated at entry), and the ring bytes among them."""
+    allocated at entry without the first call's rehearsal), and the ring bytes among them."""
     cp = p.components["diffusion"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with place(module, p, "diffusion", inv) as placed:
+        with place(module, p, "diffusion", inv, rehearse=False) as placed:
             st = placed.stats()["devices"]
     return ({d: st[d]["resident_bytes"] + st[d]["slot_bytes"] for d in cp.runtime},
             {d: st[d]["slot_bytes"] for d in cp.runtime})

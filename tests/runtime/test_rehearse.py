@@ -59,3 +59,27 @@ def test_a_full_size_model_on_meta_grows_with_its_tokens():
     small, large = peak(512), peak(1024)
     assert small >= (1024 + 512) * 3072 * 2
     assert 2.0 < large / small < 4.0
+
+
+def test_routing_by_value_is_rehearsed_as_its_largest_slice():
+    """A mixture of experts routes rows by counts (bincount) and masks (x[idx == i]),
+    values meta has not: the rehearsal answers with the largest slice they can take
+    (all rows to one expert), an upper bound, instead of refusing."""
+    from comfyui_placement.runtime.rehearse import rehearse
+
+    class Routed(torch.nn.Module):
+        def forward(self, x):
+            idx = x.sum(-1).long() % 4
+            out = torch.zeros_like(x)
+            ends = idx.bincount().cumsum(0)
+            for i, end in enumerate(ends):
+                start = 0 if i == 0 else ends[i - 1]
+                if start == end:
+                    continue
+                out[start:end] = x[start:end] * 2
+            wide = x[idx == 0].repeat(1, 8)          # mask indexing: at most every row
+            return out, wide
+
+    x = torch.zeros(1000, 64)
+    peak = rehearse(Routed(), (x,))
+    assert peak >= 1000 * 64 * 4 * 8                 # the widest slice, all rows

@@ -36,16 +36,21 @@ class Looped(nn.Module):
         self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
         self.out = nn.Linear(WIDTH, WIDTH)
 
-    def forward(self, x, context):
+    def forward(self, x, context, follow=None):
+        # follow(t, like): t brought to like's device (the placement's `follow`, as
+        # ComfyUI's skip patch does): what the model's own code mixes across a range
+        # boundary must cross it, or a GPU (and the simulated device) refuses it
+        follow = follow or (lambda t, like: t)
         h = self.embed(x)
         skips = []
         for i, block in enumerate(self.blocks):
-            a = F.gelu(block.up(h + context))     # made between the block's layers
-            h = h + block.down(a * 0.5)
+            a = F.gelu(block.up(h + follow(context, h)))     # made between the layers
+            d = block.down(a * 0.5)         # the last block's comes back to device 0
+            h = follow(h, d) + d
             if i < BLOCKS // 2:
                 skips.append(h)
             else:
-                h = h + skips.pop()
+                h = h + follow(skips.pop(), h)
         return self.out(h)
 
 
@@ -70,11 +75,12 @@ def test_split_rehearsal_equals_each_device_metered():
     assert len(blocks) == BLOCKS
     first = 2
     owner = [0] * first + [1] * (BLOCKS - first)
-    rehearsed = rehearse_split(model, (x, context), {}, blocks, owner, 2)
+    rehearsed = rehearse_split(model, (x, context), {}, blocks, owner, 2,
+                               prepare=lambda follow, a, k: (a, {**k, "follow": follow}))
     with place(model, _plan(first), "diffusion",
                Inventory.simulated("cuda0=256MiB,cuda1=256MiB")) as placed:
         with torch.no_grad():
-            model(x, context)
+            model(x, context, follow=placed.follow)
         stats = placed.stats()
     metered = [stats["devices"][d]["working_peak_bytes"] for d in ("cuda0", "cuda1")]
     assert stats["hops"] > 0

@@ -243,9 +243,16 @@ def test_out_of_memory_mid_forward_restores_and_rerun_is_correct(tiny, run_model
     plan = split_plan(["cuda0", "cuda1"], [8 << 20, sum(sizes[1:]) + WORK],
                       blocks={"cuda0": [0, 0], "cuda1": [1, 4]})
     inv = Inventory.simulated(INVENTORY)
-    # the big latent's working memory does not fit beside the weights (metered)
-    with pytest.raises(torch.OutOfMemoryError, match="cuda1: out of memory"):
+    # the big latent's working memory does not fit beside the weights: the first call's
+    # rehearsal finds it and refuses in one line before any weight moves
+    with pytest.raises(PlacementError, match=r"^diffusion: cuda1's blocks 1-4 need .* but "
+                                             r"its budget leaves"):
         with place_split(model, plan, "diffusion", inv, headroom_bytes=WORK):
+            run_model(model, big)
+    assert_restored(model, snap)
+    # loaded at entry without a rehearsal, it runs out of memory mid-forward (metered)
+    with pytest.raises(torch.OutOfMemoryError, match="cuda1: out of memory"):
+        with place_split(model, plan, "diffusion", inv, headroom_bytes=WORK, rehearse=False):
             run_model(model, big)
     assert_restored(model, snap)
     with place_split(model, plan, "diffusion", inv, headroom_bytes=WORK):

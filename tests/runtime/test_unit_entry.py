@@ -193,13 +193,38 @@ def test_old_container_hooks_are_refused_by_the_simulated_device(monkeypatch, si
     assert_restored(model, snap)
 
 
-def test_resident_weights_never_arrive_without_their_hooks(monkeypatch, sim_inventory):
-    """Staged (all resident) on the device: non-block code that reads a weight is fine,
-    but the check watches every moved tensor, so a bare read of a resting copy fails."""
+def test_resident_weights_read_through_the_module_are_fine(sim_inventory):
+    """Staged (all resident) on the device: non-block code (the skip patch, the top-level
+    layers) that reads a weight through the module reads its device copy."""
     model, inp = build(LoopUNet)
     ref = run(model, inp)
+    live = model.out[2].bias
     with place(model, make_plan("cpu"), "diffusion", sim_inventory):
+        model.skip_patch = lambda h, hsp: (h + live.sum() * 0, hsp)
+        try:
+            assert torch.equal(run(model, inp), ref)
+        finally:
+            model.skip_patch = None
+
+
+def test_resident_weights_never_arrive_without_their_hooks(sim_inventory):
+    """Staged (all resident): the check watches every moved tensor, so code inside the
+    forward that reads a weight's resting host copy (a reference taken before placing)
+    fails as a GPU would, naming the weight; the placement still runs afterwards."""
+    model, inp = build(LoopUNet)
+    ref = run(model, inp)
+    snap = snapshot(model)
+    stale = model.out[2].bias.data          # shares the storage that becomes the resting copy
+    with place(model, make_plan("cpu"), "diffusion", sim_inventory):
+        model.skip_patch = lambda h, hsp: (h + stale.sum() * 0, hsp)
+        try:
+            with pytest.raises(DeviceMismatch, match=r"out\.2\.bias .*rests in host memory, "
+                                                     r"not on cuda0"):
+                run(model, inp)
+        finally:
+            model.skip_patch = None
         assert torch.equal(run(model, inp), ref)
+    assert_restored(model, snap)
 
 
 @pytest.mark.parametrize("stream", [None, (0, 1)])

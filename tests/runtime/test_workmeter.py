@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from comfyui_placement.placement.devices import Inventory
+from comfyui_placement.placement.errors import PlacementError
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
 from comfyui_placement.runtime import place
 
@@ -75,8 +76,15 @@ def test_a_budget_without_room_to_compute_is_refused_as_a_gpu_would(net):
     snap = {n: t.detach().clone() for n, t in model.state_dict().items()}
     inv = Inventory.simulated("cuda0=256MiB")
     tight = plan({"cuda0": 2 * BLOCK_BYTES + WIDE_BYTES}, stream=(0, 1))   # ring + 1 MiB
-    with pytest.raises(torch.OutOfMemoryError, match=r"cuda0: out of memory .* computed there"):
+    # the first call's rehearsal sees it before any weight moves: one line
+    with pytest.raises(PlacementError, match=r"cuda0 needs .* of working memory "
+                                             r"\(rehearsed from the first call\)"):
         with place(model, tight, "diffusion", inv):
+            run(model, x)
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in snap.items())
+    # without the rehearsal (loaded at entry) the meter refuses it mid-forward, as a GPU
+    with pytest.raises(torch.OutOfMemoryError, match=r"cuda0: out of memory .* computed there"):
+        with place(model, tight, "diffusion", inv, rehearse=False):
             run(model, x)
     assert all(torch.equal(model.state_dict()[n], t) for n, t in snap.items())
     # with room for two wide activations it runs, and equals the plain run

@@ -3,6 +3,7 @@ and registers one instance in kinds/__init__.py; the search asks every kind for 
 candidates and compares them, the report asks the chosen one for its lines."""
 from typing import Dict, List
 
+from ...room import margin_for
 from ...units import format_bytes as fmt
 
 
@@ -121,12 +122,12 @@ def gpu_change(gpu: str, extra: int, budgets, options, inventory=None) -> str:
                     f"needs a larger GPU")
         if target > dev.free_bytes:
             return (f"free {fmt(target - dev.free_bytes)} on {gpu} and raise its budget "
-                    f"(--max-vram {gpu}=SIZE)" if how == "max_vram" else
+                    f"(--max-vram {gpu}=SIZE)" if how.startswith("max_vram") else
                     f"free {fmt(extra)} more on {gpu} (its budget is its free memory less "
-                    f"the {fmt(options.budget_margin)} margin)")
-    if how == "max_vram":
+                    f"the {fmt(margin_for(dev, options.budget_margin))} margin)")
+    if how.startswith("max_vram"):
         return f"raise max_vram {gpu}= to at least {fmt(target)} (--max-vram {gpu}=SIZE)"
     if how.startswith("balanced"):
         return f"raise balanced_threshold or use offload_mode auto (it gives {gpu} more)"
-    return (f"free {fmt(extra)} more on {gpu} (its budget is its free memory less the "
-            f"{fmt(options.budget_margin)} margin)")
+    return (f"free {fmt(extra)} more on {gpu} (its budget is its free memory less its "
+            f"margin)")
