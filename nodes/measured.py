@@ -28,7 +28,7 @@ from ..placement.errors import PlacementError
 from ..placement.machine_figures import observe_plan_step
 from ..placement.ran_figures import planned_by_phase, with_calls
 from ..placement.report import render_measured
-from ..runtime.fallbacks import describe, merged
+from ..runtime.fallbacks import describe, make, merged
 from ..runtime.comfy.measure_hooks import engine_session, meter_decode, meter_sampling
 
 log = logging.getLogger("comfyui-placement")
@@ -115,7 +115,8 @@ class Meter:
         sample, decode = rec["sample"], rec["decode"]
         rec["generation_s"] = sum(p["seconds"] for p in (sample, decode) if p)
         rec["lines"] = render_measured(rec)
-        rec["runtime_fallbacks"] = merged(rec.get("runtime_fallbacks"), self._new_fallbacks())
+        rec["runtime_fallbacks"] = merged(rec.get("runtime_fallbacks"), self._new_fallbacks(),
+                                          rederived(self.plan, self.plan_that_ran()))
         for line in rec["lines"]:
             log.info("placement node %s: %s", self.node_id, line)
         for f in rec["runtime_fallbacks"]:
@@ -251,3 +252,33 @@ def engine_sessions(placed: dict, replanner=None) -> Callable[[str], List[object
         found = [engine_session(o) for o in objs if o is not None]
         return [s for s in found if s is not None]
     return sessions
+
+
+def _placement_of(plan, component: str) -> Optional[dict]:
+    """What a component's placement is in a plan, without its reasons and sizes."""
+    c = (plan.to_dict() if plan is not None else {}).get("components", {}).get(component)
+    if not c or not c.get("present"):
+        return None
+    stream = c.get("stream")
+    return {"runtime": "&".join(c.get("runtime") or []), "params": c.get("params"),
+            "split_mode": c.get("split_mode"), "blocks": c.get("blocks") or {},
+            "stream": None if stream is None else
+            {"resident": stream.get("resident_blocks"), "depth": stream.get("prefetch_depth")}}
+
+
+def rederived(node_plan, ran_plan) -> List[dict]:
+    """A `plan_rederived` record for each component the plan that ran places otherwise
+    than the node's plan (made again at the run's first model call, with its working
+    memory rehearsed): what was planned beside what ran."""
+    out = []
+    if node_plan is None or ran_plan is None or ran_plan is node_plan:
+        return out
+    for comp in ran_plan.components:
+        planned, ran = _placement_of(node_plan, comp), _placement_of(ran_plan, comp)
+        if planned is not None and ran is not None and planned != ran:
+            out.append(make("plan_rederived", comp, planned, ran,
+                            "the run's first model call, rehearsed, needs another placement "
+                            "than the node planned before the workload was known",
+                            field="placement"))
+    return out
+

@@ -33,7 +33,7 @@ class Device:
     # set it ('@workspace=0': the simulated device of the runtime allocates none)
     workspace_bytes: Optional[int] = None
     # slack kept free inside the device's room (placement/room.py); None: the default,
-    # 512 MiB on a real accelerator, 0 on a simulated one ('@margin=SIZE' sets it)
+    # 512 MiB but at most a sixteenth of the memory it is kept in ('@margin=SIZE' sets it)
     margin_bytes: Optional[int] = None
 
     @property

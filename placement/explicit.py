@@ -134,11 +134,15 @@ def _streaming(cp: ComponentPlan, request, by_name, info) -> None:
         room = min(by_name[d].room_bytes - _work(cp, d) for d in devices)
         if budget is not None:
             resident = geo.best_prefix(room, depth)
-        if geo.best_prefix(room, depth) is None and geo.best_prefix(room, 0) is not None:
+        if geo.best_prefix(room, depth) is None:
+            # the least a stream holds: one block at a time (refused below where even
+            # that does not fit, with the smallest shortfall)
             depth = 0
             cp.reasons.append(f"prefetch off (depth 0): a ring of two blocks does not fit "
                               f"beside {format_bytes(geo.headroom)} of working memory on "
-                              f"{cp.main_device}, one block at a time does")
+                              f"{cp.main_device}" + (", one block at a time does"
+                                                      if geo.best_prefix(room, 0) is not None
+                                                      else ""))
         resident = resident or 0
     cp.stream = StreamPlan(resident, depth)
     cp.reasons.append(f"streamed on {cp.main_device}: first {resident} blocks resident, "
@@ -249,6 +253,8 @@ def _fix(cp: ComponentPlan, info, dev: DevicePlan, need: int, work: int) -> str:
 
 
 def _what(cp: ComponentPlan, info) -> str:
+    if cp.parallel == "batch":
+        return "its copy of the model" + (" (streamed)" if cp.stream is not None else "")
     if cp.is_split and cp.split_mode == "row" and row_split_applies(info):
         return "its row shards and unsharded weights"
     if cp.stream is not None and not cp.is_split:

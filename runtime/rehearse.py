@@ -22,9 +22,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .moves import map_tensors
+from .simcheck import _ALLOWED as FREE          # what touches no data: views, copy_, *_like
+from .subclass_check import plain_call
 from .units import BlockEvents
 from .workmeter import MeterMode, Tally, WorkMeter, storage_key
 
@@ -120,7 +122,32 @@ def rehearse(module: torch.nn.Module, args: Tuple = (), kwargs: Dict[str, Any] =
     return tally.peak_bytes
 
 
-def _run(module, args, kwargs, meter: WorkMeter, prepare: Optional[Callable] = None):
+class _WhereOperandsAre(MeterMode):
+    """A split's rehearsal: an operation's outputs are charged to the device its computed
+    operands are on, else to the running block's, as the device check charges them on a
+    split run (simcheck.operand_device; a GPU computes where its operands are): the
+    module's own code that mixes a block's output runs on that block's device. Inputs
+    and weights are not located; a hop's copy (empty_like, then copy_) lands where set."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        keys = [storage_key(t) for t in tensors]
+        device = None
+        if func not in FREE and not func.is_view:
+            owner = self.meter._owner
+            for t, key in zip(tensors, keys):
+                hit = owner.get(key) if t.dim() else None      # scalars mix freely
+                if hit is not None:
+                    device = hit[0]
+                    break
+        out = plain_call(func, args, kwargs)
+        self.meter.produced(out, set(keys), device)
+        return out
+
+
+def _run(module, args, kwargs, meter: WorkMeter, prepare: Optional[Callable] = None,
+         mode=MeterMode):
     tensors = list(module.named_parameters()) + list(module.named_buffers())
     # weights on meta made before the meter runs: they are not working memory
     state = None if all(t.is_meta for _, t in tensors) else \
@@ -128,7 +155,7 @@ def _run(module, args, kwargs, meter: WorkMeter, prepare: Optional[Callable] = N
     margs, mkwargs = tree_map(meta_like, tuple(args)), tree_map(meta_like, dict(kwargs or {}))
     if prepare is not None:
         margs, mkwargs = prepare(margs, mkwargs)
-    with torch.no_grad(), _all_selected(), _FusedAttention(), MeterMode(meter):
+    with torch.no_grad(), _all_selected(), _FusedAttention(), mode(meter):
         if state is None:                               # a weightless copy (shadow.py)
             module(*margs, **mkwargs)
         else:
@@ -156,7 +183,8 @@ class SplitHops:
             if hit is None:
                 here = self.meter.device
                 self.meter.set_device(d)
-                hit = self.copies[(id(t), d)] = (t, t.clone())   # source kept: id stays
+                copy = torch.empty_like(t).copy_(t)            # allocated on d, as a hop's
+                hit = self.copies[(id(t), d)] = (t, copy)      # source kept: id stays
                 self.meter.set_device(here)
             return hit[1]
         return map_tensors(one, x)       # dataclasses too, as the mover brings them
@@ -191,7 +219,7 @@ def rehearse_split(module: torch.nn.Module, args: Tuple, kwargs: Dict[str, Any],
     events.attach()
     try:
         events.begin_forward()
-        _run(module, args, kwargs, meter, ready)
+        _run(module, args, kwargs, meter, ready, _WhereOperandsAre)
     finally:
         events.detach()
     return [t.peak_bytes for t in tallies]

@@ -265,8 +265,11 @@ def pair_prompt(pair, placement_inputs=None, tag=None, seed=3, steps=2, cfg=2.0,
     m_high, m_low = ["1", 0], ["2", 0]
     if placement_inputs is not None:
         m_high = _placed(prompt, m_high, placement_inputs, 10)
+        # the latent tells each Apply Placement the workload (the low-noise expert's
+        # sampler starts from the high one's output: no size for the node to read)
         prompt["13"] = {"class_type": "PlacementApply",
-                        "inputs": {"placement": ["10", 0], "model": m_low}}
+                        "inputs": {"placement": ["10", 0], "model": m_low,
+                                   "latent": ["5", 0]}}
         m_low = ["13", 0]
     common = {"noise_seed": seed, "steps": steps, "cfg": cfg, "sampler_name": "euler",
               "scheduler": "simple", "positive": ["3", 0], "negative": ["4", 0]}
@@ -406,6 +409,8 @@ async def run_family(executor, fam, models_dir):
         ways += [w for w in FIT_CHOICES if w not in ways]
     if ways and rec["ok"]:
         rec["ways"] = await placed_ways(executor, fam.key, ways)
+        rec["work_probe"] = {shape: WORK.get((fam.key, shape)) for shape in PROBES}
+        rec["nonblock_bytes"], rec["block_bytes"] = block_sizes(fam.key)
     if fam.key in ARGS.lora.split(",") and rec["ok"]:
         loras_dir = os.path.join(ARGS.work, "models", "loras")
         os.makedirs(loras_dir, exist_ok=True)
@@ -454,6 +459,7 @@ async def lora_ways(executor, key, loras_dir):
     out = {"linears": patched, "plain": {"ok": exec_error_text(run) is None,
                                          "error": exec_error_text(run),
                                          "vs_no_lora": compare(ref, key)}}
+    await work_probes(executor, key, ("stream_cpu", "layer"))
     for way in ("stream_cpu", "layer"):
         inputs, inventory = way_setup(way, key)
         tag = f"{key}+lora@{way}"
@@ -471,7 +477,7 @@ async def lora_ways(executor, key, loras_dir):
     return out
 
 
-async def placed_run(executor, key, placement_inputs, tag=None, simulate=None):
+async def placed_run(executor, key, placement_inputs, tag=None, simulate=None, rtol=1e-5):
     """The family's prompt placed with `placement_inputs`, compared with its plain run
     (same seeds; the loader's output is ComfyUI's cached one)."""
     tag = tag or key + "_placed"
@@ -496,7 +502,7 @@ async def placed_run(executor, key, placement_inputs, tag=None, simulate=None):
                 os.environ.pop("COMFYUI_PLACEMENT_SIMULATE", None)
             else:
                 os.environ["COMFYUI_PLACEMENT_SIMULATE"] = old
-    cmp = compare(tag, key)
+    cmp = compare(tag, key, rtol)
     return {"inputs": placement_inputs, "simulate": simulate or None, "ok": err is None
             and bool(cmp.get("close")), "error": err, "latent": latent_facts(tag),
             "compare": cmp, "wall_s": round(time.time() - t0, 3)}
@@ -504,18 +510,102 @@ async def placed_run(executor, key, placement_inputs, tag=None, simulate=None):
 
 # -- every way of placing a family ------------------------------------------------------
 WAYS = ("stream_cpu", "stream_disk", "layer", "row", "auto_fit")
-# working memory of the tiny latents: the simulated device meters every tensor a placed
-# forward computes and refuses to go past the budget, as a GPU does (runtime/workmeter.py;
-# measured here: 0.2-32 MiB, HunyuanDiT's the largest: a 512x8192 float32 temporary of 16
-# MiB, twice)
-ACT_MARGIN = 40 << 20
+# a row split computes each sharded Linear as matmuls of fewer output rows, for which the
+# CPU's BLAS picks other kernels and another float32 accumulation order over the inputs:
+# a few ulps in each of them (SVD: 190 sharded, the most here), which SVD's 2 steps
+# through its norms and temporal mixing take to 1.07e-5 of the latent's largest value
+# (the same on HEAD before issue 29; 1e-5 for the others; the unsharded ways are equal)
+ROW_RTOL = {"svd": 2e-5}
+EXPLICIT = ("stream_cpu", "stream_disk", "layer", "row")
 AUTO_FIT_WORKSPACE = 320 << 20      # auto-fit reserves a GPU workspace of 256 MiB and more
+# the explicit ways' devices hold their weights and the working memory their plans keep,
+# inside the margin (placement/room.py). That working memory is the node-time plan's
+# estimate, then, once sampling starts, the working memory its first model call
+# rehearses (per device for a split: the second device holds what hops to it): both are
+# read from the same placement run on devices too large to refuse it (work_probe), one
+# sampling step, for each shape of plan. Their max_vram (7 GiB, more than any of these
+# models needs) keeps ComfyUI from reusing a probe's Apply Placement output for a way
+# with the same inputs: its placement was made on the probe's inventory
+PROBES = {"stream": ({"backend": "diffusion=cuda0", "stream_layers": True,
+                      "params_backend": "diffusion=cpu", "max_vram": "cuda0=7"},
+                     "cuda0=8GiB@workspace=0"),
+          "split": ({"backend": "diffusion=cuda0&cuda1", "split_mode": "layer",
+                     "params_backend": "diffusion=cpu", "max_vram": "cuda0=7,cuda1=7"},
+                    "cuda0=8GiB@workspace=0,cuda1=8GiB@workspace=0")}
+WORK = {}      # (family key, shape) -> {device: working bytes to keep there}
 
 
-def act_margin(total):
-    """Room for activations beside the weights (a large non-block share, as HunyuanDiT's
-    text projections, comes with larger activations too)."""
-    return max(ACT_MARGIN, total // 5)
+def capacity_for(need):
+    """The smallest device whose room (placement/room.py: the budget, here the device's
+    whole memory, less its margin of at most a sixteenth) holds `need` bytes."""
+    room = pack_module("placement.room")
+    cap = int(need) * 16 // 15 + 1
+    while True:
+        dev = type("Dev", (), {"kind": "gpu", "free_bytes": cap, "margin_bytes": None})
+        if room.device_room(None, cap, room.margin_for(dev)) >= need:
+            return cap
+        cap += 1024
+
+
+def kept_working_memory(plan):
+    """{device: working bytes} an explicit plan keeps for the diffusion model."""
+    comp = ((plan or {}).get("components") or {}).get("diffusion") or {}
+    if comp.get("headroom_bytes") is None:
+        return {}
+    per = comp.get("headroom_per_device") or {}
+    return {d: int(per.get(d, comp["headroom_bytes"])) for d in comp.get("runtime") or []}
+
+
+async def work_probe(executor, key, shape):
+    """The working memory the explicit ways of `shape` ("stream": one device, "split":
+    two) must leave room for on each device: the larger of what their node-time plan
+    keeps (the metadata's estimate for the prompt's workload) and what the plan that
+    samples keeps (the working memory rehearsed at the first model call), from the
+    ways' own prompt, one step, on devices too large to refuse it."""
+    if (key, shape) in WORK:
+        return WORK[(key, shape)]
+    inputs, inventory = PROBES[shape]
+    tag = f"{key}@work_probe_{shape}"
+    old = os.environ.get("COMFYUI_PLACEMENT_SIMULATE")
+    os.environ["COMFYUI_PLACEMENT_SIMULATE"] = inventory
+    try:
+        run = await run_prompt(executor, family_prompt(key, inputs, tag=tag, keep=False,
+                                                       keep_placed=True, steps=1),
+                               "probe_" + tag)
+    finally:
+        if old is None:
+            os.environ.pop("COMFYUI_PLACEMENT_SIMULATE", None)
+        else:
+            os.environ["COMFYUI_PLACEMENT_SIMULATE"] = old
+    model = KEPT.get(tag + "_placed", {}).get("model")
+    replanner = model.get_attachment("placement_autofit") if model is not None else None
+    last = getattr(replanner, "last", None)
+    node = kept_working_memory(PLANS.pop(tag + "_placed", None))
+    ran = kept_working_memory(last[1].to_dict() if last else None)
+    KEPT.pop(tag + "_placed", None)
+    SINK.pop(tag, None)
+    err = exec_error_text(run)
+    if err is not None or not node or not ran:
+        raise RuntimeError(f"{key}: the working memory its {shape} plans keep is unknown "
+                           f"({err or 'no headroom_bytes in the plans'})")
+    WORK[(key, shape)] = {d: max(node.get(d, 0), ran.get(d, 0)) for d in set(node) | set(ran)}
+    return WORK[(key, shape)]
+
+
+def way_shape(way):
+    """The probe (PROBES) whose plans an explicit way's are: streamed, or split (a row
+    split's working memory is its layer ranges', the plan's byte model: issue 21)."""
+    return "stream" if way.startswith("stream") else "split"
+
+
+async def work_probes(executor, key, ways):
+    """work_probe for the shapes of the explicit `ways`; a failure is left for each way
+    to report (way_setup raises)."""
+    for shape in {way_shape(w) for w in ways if w in EXPLICIT}:
+        try:
+            await work_probe(executor, key, shape)
+        except Exception:
+            RESULTS.setdefault("probe_errors", []).append(traceback.format_exc()[-1500:])
 
 
 def block_sizes(key):
@@ -537,10 +627,12 @@ def block_sizes(key):
 
 def way_setup(way, key, ran=None):
     """Backend Assignment inputs and a simulated inventory smaller than the model:
-    streaming gets the non-block weights, three of the largest blocks and a margin; a
-    split gets 60% of the blocks per device (the main one also the non-block weights).
-    The auto-fit ways that force a choice (FIT_CHOICES) size their budgets from `ran`,
-    this family's earlier ways (fit_budgets)."""
+    streaming gets the non-block weights, three of the largest blocks and the working
+    memory the plan keeps; a split gets 60% of the blocks per device (the main one also
+    the non-block weights) and the working memory; each device holds that in its room,
+    inside its margin (capacity_for). The explicit ways need the node-time plan's working
+    memory (work_probe) first. The auto-fit ways that force a choice (FIT_CHOICES) size
+    their budgets from `ran`, this family's earlier ways (fit_budgets)."""
     nonblock, sizes = block_sizes(key)
     if not sizes:
         return None, None
@@ -549,27 +641,46 @@ def way_setup(way, key, ran=None):
     # simulated GPUs allocate no kernel workspace: the plans say so (@workspace=0), and
     # their working memory is then the tensors alone, which the device meters
     kib = lambda n: f"{-(-int(n) // 1024)}KiB@workspace=0"      # noqa: E731
-    margin = act_margin(nonblock + sum(sizes))
-    stream = nonblock + 3 * max(sizes) + margin
-    share = 0.6 * sum(sizes) + margin
-    split = f"cuda0={kib(nonblock + share)},cuda1={kib(share)}"
-    if way in ("stream_cpu", "stream_disk"):
-        return ({"backend": "diffusion=cuda0", "stream_layers": True,
-                 "params_backend": "diffusion=" + way.split("_")[1]}, f"cuda0={kib(stream)}")
-    if way in ("layer", "row"):
-        return ({"backend": "diffusion=cuda0&cuda1", "params_backend": "diffusion=cpu",
-                 "split_mode": way}, split)
+    total = nonblock + sum(sizes)
+    if way in EXPLICIT:
+        shape = way_shape(way)
+        work = WORK.get((key, shape))
+        if work is None:
+            raise RuntimeError(f"{key}: {way} needs the working memory its plans keep "
+                               f"(work_probe found none: see probe_errors)")
+        whole = capacity_for(total + max(work.values()))      # the model and its work
+        if shape == "stream":
+            caps = {"cuda0": capacity_for(nonblock + 3 * max(sizes) + work["cuda0"])}
+            inputs = {"backend": "diffusion=cuda0", "stream_layers": True,
+                      "params_backend": "diffusion=" + way.split("_")[1]}
+        else:
+            share = 0.6 * sum(sizes)
+            caps = {"cuda0": capacity_for(nonblock + share + work["cuda0"]),
+                    "cuda1": capacity_for(share + work["cuda1"])}
+            inputs = {"backend": "diffusion=cuda0&cuda1", "params_backend": "diffusion=cpu",
+                      "split_mode": way}
+        if way == "row" and not shardable_linears(key):
+            # blocks without a Linear a row split shards (256x256 and more) stay whole on
+            # the main device, beside its working memory: all of them (HunyuanDiT's row
+            # split ran out of memory there with the layer way's budgets, its plan
+            # counting only the first range's blocks, where the run kept every block)
+            caps["cuda0"] = max(caps["cuda0"], capacity_for(total + work["cuda0"]))
+        elif max(caps.values()) >= whole:
+            raise RuntimeError(f"{key}: {way} would run on a device that holds the whole "
+                               f"model and its working memory ({caps}, {whole} B)")
+        return inputs, ",".join(f"{d}={kib(c)}" for d, c in caps.items())
     if way == "auto_fit_rehearsed":
         # a budget the node-time estimate finds too small to hold the model whole, and
         # the run's rehearsal (a few hundred KiB at these sizes) finds large enough:
         # sampling re-plans at its first model call and runs the model resident
-        total = nonblock + sum(sizes)
         return ({"auto_fit": True, "max_vram": f"cuda0={(total + (4 << 20)) / 2 ** 30:.6f}"},
                 "cuda0=8GiB@workspace=0")
     if way == "auto_fit":
-        # budgets as a user gives them (max_vram, GiB): the stream budget and the planner's
-        # working memory with its fixed GPU workspace; devices larger, as real ones are
-        gib = (stream + AUTO_FIT_WORKSPACE) / 2 ** 30
+        # budgets as a user gives them (max_vram, GiB), roomy: the non-block weights,
+        # three blocks, a fifth of the model (at least 40 MiB) and the planner's fixed
+        # GPU workspace; devices larger, as real ones are
+        gib = (nonblock + 3 * max(sizes) + max(40 << 20, total // 5) + AUTO_FIT_WORKSPACE) \
+            / 2 ** 30
         return ({"auto_fit": True, "max_vram": f"cuda0={gib:.4f},cuda1={gib:.4f}"},
                 "cuda0=8GiB@workspace=0,cuda1=8GiB@workspace=0")
     raise ValueError(way)
@@ -713,6 +824,7 @@ async def placed_ways(executor, key, ways):
         ways = [w for w in ways if w != "auto_fit"]
         ways.insert(min(ways.index(w) for w in ways if w in FIT_CHOICES), "auto_fit")
     out = {}
+    await work_probes(executor, key, ways)
     for way in ways:
         if way == "auto_fit_row" and not shardable_linears(key):
             out[way] = {"ok": None, "skipped": "no Linear of 256x256 or more in the blocks"}
@@ -729,7 +841,8 @@ async def placed_ways(executor, key, ways):
             out[way] = {"ok": None, "skipped": inputs["skip"]}
             continue
         tag = f"{key}@{way}"
-        rec = await placed_run(executor, key, inputs, tag=tag, simulate=inventory)
+        rec = await placed_run(executor, key, inputs, tag=tag, simulate=inventory,
+                               rtol=ROW_RTOL.get(key, 1e-5) if way == "row" else 1e-5)
         rec["facts"] = jsonable(way_facts(tag))
         KEPT.pop(tag + "_placed", None)
         SINK.pop(tag, None)
@@ -811,6 +924,8 @@ async def main():
                 RESULTS["pairs"][pair] = {"ok": err is None and bool(
                     (latent_facts(pair) or {}).get("finite")), "error": err,
                     "latent": latent_facts(pair), "wall_s": round(time.time() - t0, 3)}
+                if ARGS.ways and not ARGS.placed:
+                    await work_probes(executor, keys[0], ("stream_cpu",))
                 placed_inputs, simulate = (json.loads(ARGS.placed), ARGS.simulate) \
                     if ARGS.placed else way_setup("stream_cpu", keys[0]) if ARGS.ways \
                     else (None, "")

@@ -49,12 +49,13 @@ def comfy_python() -> str:
     return sys.executable
 
 
-def run_driver(driver: Path, marker: str, work: Path, extra=()) -> dict:
-    """Run `driver` in ComfyUI's Python; return the JSON it printed after `marker`."""
+def run_driver(driver: Path, marker: str, work: Path, extra=(), timeout: int = 900) -> dict:
+    """Run `driver` in ComfyUI's Python; return the JSON it printed after `marker`
+    (`timeout`: seconds the whole driver may take)."""
     proc = subprocess.run(
         [comfy_python(), str(driver), "--comfyui", COMFYUI_PATH, "--pack", str(PACK),
          "--work", str(work), *extra],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "COMFYUI_PLACEMENT_SIMULATE": ""})
     lines = [l for l in proc.stdout.splitlines() if l.startswith(marker + " ")]
     assert lines, f"driver printed no results (exit {proc.returncode}):\n{proc.stderr[-4000:]}"

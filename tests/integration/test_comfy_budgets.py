@@ -49,6 +49,18 @@ def ran_inside(results, tag, devices):
         assert f["measured"]["peaks"][name]["sample"] == dev["peak_bytes"], f["measured"]
         ran = next(x for x in f["measured"]["plan"]["devices"] if x["name"] == name)
         assert ran["room_bytes"] == room(size) and ran["planned_bytes"] <= room(size), ran
+    # a plan made again at the first model call that places the model otherwise is a
+    # runtime fallback on the node (planned beside ran), never silent
+    def where(c):
+        s = c.get("stream")
+        return (c["runtime"], c["params"], c.get("blocks") or {},
+                None if s is None else (s["resident_blocks"], s["prefetch_depth"]))
+    node_d = f["plan"]["components"]["diffusion"]
+    ran_d = f["measured"]["plan"]["components"]["diffusion"]
+    records = [x for x in f["measured"].get("runtime_fallbacks") or []
+               if x["kind"] == "plan_rederived" and x["component"] == "diffusion"]
+    assert bool(records) == (where(node_d) != where(ran_d)), (where(node_d), where(ran_d),
+                                                              records)
     return f["plan"], stats
 
 
