@@ -533,6 +533,7 @@ PROBES = {"stream": ({"backend": "diffusion=cuda0", "stream_layers": True,
                      "params_backend": "diffusion=cpu", "max_vram": "cuda0=7,cuda1=7"},
                     "cuda0=8GiB@workspace=0,cuda1=8GiB@workspace=0")}
 WORK = {}      # (family key, shape) -> {device: working bytes to keep there}
+PROBE_ERRORS = {}   # (family key, shape) -> why its probe found none
 
 
 def capacity_for(need):
@@ -604,8 +605,8 @@ async def work_probes(executor, key, ways):
     for shape in {way_shape(w) for w in ways if w in EXPLICIT}:
         try:
             await work_probe(executor, key, shape)
-        except Exception:
-            RESULTS.setdefault("probe_errors", []).append(traceback.format_exc()[-1500:])
+        except Exception as exc:
+            PROBE_ERRORS[(key, shape)] = f"{type(exc).__name__}: {exc}"[-1500:]
 
 
 def block_sizes(key):
@@ -646,25 +647,33 @@ def way_setup(way, key, ran=None):
         shape = way_shape(way)
         work = WORK.get((key, shape))
         if work is None:
-            raise RuntimeError(f"{key}: {way} needs the working memory its plans keep "
-                               f"(work_probe found none: see probe_errors)")
-        whole = capacity_for(total + max(work.values()))      # the model and its work
+            raise RuntimeError(f"{key}: {way} needs the working memory its plans keep; "
+                               f"its probe found none: {PROBE_ERRORS.get((key, shape))}")
+        # one figure for every device: a probe's split ranges are not this way's, and the
+        # working memory of a range moves with its blocks and with what hops to it
+        w = max(work.values())
+        whole = capacity_for(total + w)      # the model and its working memory
         if shape == "stream":
-            caps = {"cuda0": capacity_for(nonblock + 3 * max(sizes) + work["cuda0"])}
+            # a ring of up to three of the largest blocks, never all of them (a model of
+            # two blocks streams one at a time)
+            ring = min(3, len(sizes) - 1) * max(sizes)
+            caps = {"cuda0": capacity_for(nonblock + ring + w)}
             inputs = {"backend": "diffusion=cuda0", "stream_layers": True,
                       "params_backend": "diffusion=" + way.split("_")[1]}
         else:
-            share = 0.6 * sum(sizes)
-            caps = {"cuda0": capacity_for(nonblock + share + work["cuda0"]),
-                    "cuda1": capacity_for(share + work["cuda1"])}
+            share = max(0.6 * sum(sizes), max(sizes))     # at least a block on each
+            caps = {"cuda0": capacity_for(nonblock + share + w),
+                    "cuda1": capacity_for(share + w)}
             inputs = {"backend": "diffusion=cuda0&cuda1", "params_backend": "diffusion=cpu",
                       "split_mode": way}
-        if way == "row" and not shardable_linears(key):
-            # blocks without a Linear a row split shards (256x256 and more) stay whole on
-            # the main device, beside its working memory: all of them (HunyuanDiT's row
-            # split ran out of memory there with the layer way's budgets, its plan
-            # counting only the first range's blocks, where the run kept every block)
-            caps["cuda0"] = max(caps["cuda0"], capacity_for(total + work["cuda0"]))
+        if way == "row":
+            # a row split keeps what it does not shard (Linears under 256x256, every other
+            # layer, of every block) on the main device beside its share of the shards:
+            # where that is more than the layer way puts there (HunyuanDiT: small block
+            # Linears, large text projections), the device holds it
+            sharded = sharded_bytes(key)
+            caps["cuda0"] = max(caps["cuda0"],
+                                capacity_for(total - sharded + 0.6 * sharded + w))
         elif max(caps.values()) >= whole:
             raise RuntimeError(f"{key}: {way} would run on a device that holds the whole "
                                f"model and its working memory ({caps}, {whole} B)")
@@ -730,6 +739,16 @@ def fit_budgets(nonblock, sizes, work):
         else:
             out[name] = int(mid)
     return out, why
+
+
+def sharded_bytes(key):
+    """Bytes of the weights a row split shards (shardable_linears' Linears)."""
+    dm = KEPT[key]["model"].model.diffusion_model
+    return sum(t.numel() * t.element_size()
+               for _, b in pack_module("runtime.blocks").find_blocks(dm)
+               for m in b.modules() if isinstance(m, torch.nn.Linear)
+               and m.weight.shape[0] >= 256 and m.weight.shape[1] >= 256
+               for t in (m.weight, m.bias) if t is not None)
 
 
 def shardable_linears(key):
