@@ -83,7 +83,6 @@ class Engine:
         self.rehearse = rehearse
         self._armed = None                 # the first call's hook handle while armed
         self.rehearsed: Optional[List[int]] = None    # working bytes per device, rehearsed
-        self._rehearsing = False
         # the simulated device's check (simcheck.py); benchmarks turn it off, since its
         # per-operation dispatch would count as compute on both sides of their ratios
         self.device_check = device_check
@@ -399,11 +398,8 @@ class Engine:
         module = self.module
         inner = module.forward
         self._own_forward = ("forward" in module.__dict__, module.__dict__.get("forward"))
-        engine = self
 
         def forward(*args, **kwargs):
-            if engine._rehearsing:          # on the meta device: nothing to check
-                return inner(*args, **kwargs)
             device = torch.cuda.current_device() if cuda else None
             if check is not None:
                 check.enter()

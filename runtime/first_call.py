@@ -43,7 +43,6 @@ def size_from_first_call(engine, args, kwargs) -> bool:
             "the plan's working memory", "the call records gradients (the rehearsal "
             "measures inference); run under torch.no_grad() or inference_mode")
         return False
-    engine._rehearsing = True
     quiet = None
     try:
         # a weightless copy runs it: the module's own state (counters, caches a forward
@@ -67,7 +66,6 @@ def size_from_first_call(engine, args, kwargs) -> bool:
     finally:
         if quiet is not None:
             quiet.restore()
-        engine._rehearsing = False
     inputs = seen_bytes(args, kwargs)
     engine.rehearsed = list(peaks)
     engine.planned_headroom = list(engine.headroom)

@@ -186,8 +186,6 @@ class StagedEngine(Engine):
         if meter is not None and self.mover is not None:
             owner = self.owner           # the working memory is charged where it computes
             events.on_enter.append(lambda gi: self._compute_on(owner[gi]))
-            if self.mover.simulated:     # and a tensor is where it was computed
-                self.mover.locate = meter.device_of
         events.attach()
         self._handles.append(events)
 
