@@ -4,11 +4,19 @@ Exit status 0 on success; 2 with one line `placement error: ...` on bad input.
 """
 import argparse
 import json
+import os
 import sys
 
 from .placement import Inventory, PlacementError, PlacementSpec, plan as make_plan
 from .cli_calibrate import speed_options
 from .placement.components import COMPONENTS, canonical_component
+
+MODEL_FILES = (".safetensors", ".sft", ".gguf")
+
+
+# how the command was started, for usage lines: __main__.py sets the folder form
+# (`python custom_nodes/comfyui-placement`) when the pack's folder is run as a script
+PROG = "python -m comfyui_placement"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,14 +48,33 @@ def _positive(text: str, what: str) -> int:
     return value
 
 
+def _on_off(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r} (a bare "
+                                         f"--auto-fit means on)")
+    return value == "on"
+
+
 def _models(items):
+    """--model COMPONENT=PATH, or a catalog model you do not have: NAME[,NAME...] (the
+    catalog knows its component) or COMPONENT=NAME[,NAME...] (placement/catalog)."""
+    from .placement import catalog
     components = {}
     for item in items or ():
         key, eq, path = item.partition("=")
-        if not eq or not path:
+        names = [n.strip() for n in (path if eq else item).split(",") if n.strip()]
+        if eq and path and (os.path.exists(path) or path.lower().endswith(MODEL_FILES)):
+            components.setdefault(canonical_component(key), []).append(path)
+        elif names and (not eq or key.strip()):
+            for name in names:
+                m = catalog.lookup(name)        # unknown: one line naming the catalog
+                comp = canonical_component(key) if eq else m.component
+                components.setdefault(comp, []).append(catalog.source(m.name))
+        else:
             raise PlacementError(f"invalid --model {item!r}; expected COMPONENT=PATH with a "
-                                 f"component among {', '.join(COMPONENTS)}")
-        components.setdefault(canonical_component(key), []).append(path)
+                                 f"component among {', '.join(COMPONENTS)}, or a catalog "
+                                 f"model (plan --list-models)")
     return components
 
 
@@ -59,7 +86,7 @@ def _add_common(p):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m comfyui_placement",
+    parser = _Parser(prog=PROG,
                      description="Plan where diffusion components run and rest.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     devices = sub.add_parser("devices", help="list devices (name<TAB>description)")
@@ -78,11 +105,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto-fit preset: auto, none, model, balanced, sequential")
     p.add_argument("--lora-mode", default="auto", help="how LoRA applies: auto (runtime "
                    "when streamed, on disk, split or quantized; fused otherwise), fuse, runtime")
-    for flag in ("stream-layers", "auto-fit", "offload-to-cpu", "clip-on-cpu", "vae-on-cpu",
-                 "control-net-cpu"):
-        p.add_argument(f"--{flag}", action="store_true")
+    # stable-diffusion.cpp's current form is `--auto-fit on|off`; the bare flag stays "on"
+    p.add_argument("--auto-fit", nargs="?", const=True, default=False, type=_on_off,
+                   metavar="on|off", help="fit the models to the budgets (bare flag: on; "
+                   "default off, see README 'Auto-fit')")
+    for flag, text in (
+            ("stream-layers", "stream the diffusion model's and text encoders' blocks onto "
+                              "the GPU (weights rest in RAM); with --max-vram the first "
+                              "blocks that fit the budget stay resident"),
+            ("offload-to-cpu", "rest every component's weights in RAM (params *=cpu; "
+                               "explicit entries still win)"),
+            ("clip-on-cpu", "text encoders compute on the CPU (backend te=cpu)"),
+            ("vae-on-cpu", "the VAE computes on the CPU (backend vae=cpu)"),
+            ("control-net-cpu", "ControlNet computes on the CPU (backend controlnet=cpu)")):
+        p.add_argument(f"--{flag}", action="store_true", help=text)
     p.add_argument("--model", action="append", metavar="COMPONENT=PATH",
-                   help="a model file (safetensors or gguf); repeat, also for one component")
+                   help="a model file (safetensors or gguf); repeat, also for one component; "
+                   "or a built-in model you do not have: NAME[,NAME...] (--list-models)")
+    p.add_argument("--list-models", action="store_true",
+                   help="list the built-in models --model takes by name, and exit")
     p.add_argument("--resolution", default="1024x1024", help="WxH of the image")
     p.add_argument("--frames", default="1", help="video frames")
     p.add_argument("--batch", default="1", help="batch size")
@@ -105,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "even where CUDA is present")
     from .cli_worker import add_worker_parser
     add_worker_parser(sub)
+    from .tiny_models import add_parser as add_tiny_models_parser
+    add_tiny_models_parser(sub)
     return parser
 
 
@@ -120,6 +163,11 @@ def _cmd_worker(args) -> int:
     return run_worker(args)
 
 
+def _cmd_tiny_models(args) -> int:
+    from .tiny_models import run
+    return run(args)
+
+
 def _cmd_devices(args) -> int:
     inv = _inventory(args)
     print(json.dumps(inv.to_dict(), indent=2) if args.json else "\n".join(inv.lines()))
@@ -127,6 +175,10 @@ def _cmd_devices(args) -> int:
 
 
 def _cmd_plan(args) -> int:
+    if args.list_models:
+        from .placement import catalog
+        print("\n".join(catalog.lines()))
+        return 0
     spec = PlacementSpec(backend=args.backend, params_backend=args.params_backend,
                          max_vram=args.max_vram, split_mode=args.split_mode,
                          stream_layers=args.stream_layers, auto_fit=args.auto_fit,
@@ -159,7 +211,7 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
         return {"devices": _cmd_devices, "plan": _cmd_plan, "demo": _cmd_demo,
                 "selftest": _cmd_selftest, "calibrate": _cmd_calibrate,
-                "worker": _cmd_worker}[args.command](args)
+                "worker": _cmd_worker, "tiny-models": _cmd_tiny_models}[args.command](args)
     except PlacementError as exc:
         print(f"placement error: {exc}", file=sys.stderr)
         return 2

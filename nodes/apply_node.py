@@ -32,6 +32,13 @@ SLOTS = (
     ("upscale_model", io.UpscaleModel, "upscaler"),
     ("photomaker", io.Photomaker, "photomaker"),
 )
+# stable-diffusion.cpp's `detector` (ADetailer). Core has no detector type: these are the
+# Impact Pack's. Added after every older input and output, so saved workflows keep their
+# slots (plan_json stays output 7).
+DETECTOR_SLOTS = (
+    ("bbox_detector", io.Custom("BBOX_DETECTOR"), "detector"),
+    ("segm_detector", io.Custom("SEGM_DETECTOR"), "detector"),
+)
 
 
 class ApplyPlacement(io.ComfyNode):
@@ -45,11 +52,16 @@ class ApplyPlacement(io.ComfyNode):
             tooltip="auto_fit: the latent the sampler starts from, so the plan is made at "
                     "node time for its real size (else read from the prompt: the "
                     "sampler's steps/cfg and its Empty Latent's width/height/batch)"))
+        inputs += [kind.Input(name, optional=True, tooltip="placed as the plan's detector "
+                              "(an Impact Pack detector: its model computes on the "
+                              "detector's runtime device)")
+                   for name, kind, _ in DETECTOR_SLOTS]
         outputs = [kind.Output(name) for name, kind, _ in SLOTS]
         outputs.append(io.String.Output(
             "plan_json", tooltip="the plan, JSON schema v1; with auto_fit, its 'workload' "
                                  "key says what it was planned for (the plan that ran is "
                                  "shown in the node when sampling re-plans)"))
+        outputs += [kind.Output(name) for name, kind, _ in DETECTOR_SLOTS]
         return io.Schema(
             node_id="PlacementApply",
             display_name="Apply Placement",
@@ -71,8 +83,10 @@ class ApplyPlacement(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, placement: Placement, latent=None, **objects) -> io.NodeOutput:
+    def execute(cls, placement: Placement, latent=None, bbox_detector=None,
+                segm_detector=None, **objects) -> io.NodeOutput:
         by_component = {comp: objects.get(name) for name, _, comp in SLOTS}
+        by_component["detector"] = detectors_given(bbox_detector, segm_detector)
         spec, strict = placement.spec, placement.strict
         inventory, workers = workers_inventory(node_inventory(),
                                                getattr(placement, "workers", ""), strict)
@@ -87,6 +101,9 @@ class ApplyPlacement(io.ComfyNode):
         note_workers(plan, workers)
         placed, notes = place_objects(plan, inventory, by_component, workers=workers)
         text = plan.report()
+        absent = no_detector_line(spec, by_component["detector"])
+        if absent:
+            text += f"\n\n{absent}"
         if notes:
             text += "\n\napplied:\n" + "\n".join(f"  {n}" for n in notes)
         text += (f"\n\n{'auto-fit planned' if spec.auto_fit else 'working memory estimated'}"
@@ -108,8 +125,41 @@ class ApplyPlacement(io.ComfyNode):
                       else plan)
         attach(meter, placed.get("diffusion"), placed.get("vae"), by_component.get("vae"))
         results = [placed.get(comp) for _, _, comp in SLOTS]
+        detectors = placed.get("detector") or by_component["detector"]
         return io.NodeOutput(*results, plan.to_json(),
+                             getattr(detectors, "bbox", bbox_detector),
+                             getattr(detectors, "segm", segm_detector),
                              ui=plan_ui(text, plan, workers=workers))
+
+
+def detectors_given(bbox, segm):
+    """The detector component: None when no connected input holds a model (Impact's
+    NO_SEGM_DETECTOR holds none: it passes through)."""
+    from ..runtime.detector import Detectors
+    given = Detectors(bbox, segm)
+    return given if given.modules() else None
+
+
+def no_detector_line(spec, detectors) -> str:
+    """An entry for `detector` with no detector connected: said once, never dropped."""
+    if detectors is not None:
+        return ""
+    named = [f"{field} detector={_value(assign.modules['detector'])}"
+             for field, assign in (("backend", spec.runtime), ("params_backend", spec.params),
+                                   ("split_mode", spec.split),
+                                   ("parallel", spec.parallelism))
+             if "detector" in assign.modules]
+    if not named:
+        return ""
+    return (f"detector: no detector in this workflow; {', '.join(named)} places nothing "
+            f"(connect an Impact Pack BBOX_DETECTOR or SEGM_DETECTOR to bbox_detector or "
+            f"segm_detector)")
+
+
+def _value(value) -> str:
+    if value is None:
+        return "auto"
+    return "&".join(value) if isinstance(value, tuple) else str(value)
 
 
 def _latent_shape(latent):

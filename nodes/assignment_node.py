@@ -13,7 +13,7 @@ from .planning import make_plan
 from .prompt_inputs import spec_inputs
 
 MODULES = ("modules: diffusion (model, unet, dit), te (clip, t5, llm), vae, controlnet, "
-           "clip_vision, photomaker, upscaler")
+           "clip_vision, photomaker, upscaler, detector (adetailer, yolo)")
 
 TIPS = {
     "backend": "Where each module computes. Comma list: a bare value (or all=/*=) is the "
@@ -24,7 +24,9 @@ TIPS = {
                       "list). Same list form; unset modules rest on their runtime device. "
                       "Example: *=cpu,vae=cuda0",
     "max_vram": "VRAM budget: a number of GiB for every GPU, or device=GiB entries; units "
-                "accepted (512MiB, 6GiB), negative = free memory minus that, 0 = no budget. "
+                "accepted (512MiB, 6GiB), negative = free memory minus that, 0 = no budget "
+                "(the free memory). Weights, streaming ring and working memory all fit "
+                "inside it; a budget above the card is capped at the card, with a warning. "
                 "Example: cuda0=6,cuda1=-1",
     "split_mode": "How a module named with a&b uses its devices: layer or row (the weights "
                   "split), batch (each device runs the whole module on a share of the "
@@ -33,7 +35,10 @@ TIPS = {
                   "module), as a default or per module. Example: layer,te=row or "
                   "diffusion=batch or diffusion=pipeline",
     "stream_layers": "Stream blocks of the diffusion model and text encoders onto the GPU "
-                     "(weights rest on cpu).",
+                     "(weights rest on cpu). With max_vram, the first blocks that fit the "
+                     "budget beside the ring and the working memory stay resident (fewer "
+                     "copies per step); without one, every block streams (a layer split "
+                     "keeps what each device's free memory holds).",
     "auto_fit": "Let the planner decide what you left unset to fit every device's budget.",
     "offload_mode": "Offload preset for auto_fit: auto, none, model, balanced, sequential.",
     "lora_mode": "How LoRA patches apply. auto: at runtime on each arriving block when the "
@@ -49,7 +54,8 @@ TIPS = {
     "strict": "A device this machine lacks is an error. Off: that module falls back to auto "
               "and the plan shows a warning (workflows move between machines).",
     "workers": "Worker machines whose devices join this plan, as ALIAS=HOST:PORT, comma "
-               "separated (each runs `python -m comfyui_placement worker`); their devices "
+               "separated (each runs `python custom_nodes/comfyui-placement worker` from "
+               "its ComfyUI folder); their devices "
                "are named ALIAS.DEVICE, e.g. diffusion=cuda0&w1.cuda0. The shared secret "
                "comes from the environment variable COMFYUI_PLACEMENT_SECRET on both "
                "machines, never from the workflow. Example: w1=10.0.0.2:7860",
@@ -100,9 +106,11 @@ class BackendAssignment(io.ComfyNode):
                         "Connect to Apply Placement.",
             inputs=inputs,
             outputs=[PlacementType.Output("placement")],
-            # an output node, so queueing a graph shows this machine's plan in the node
-            # even before anything is connected to it
-            is_output_node=True,
+            # not an output node: it runs for the outputs it feeds, so a prompt whose
+            # loaders fail validation is refused whole (HTTP 400) instead of running this
+            # node alone and ending "success"; its plan is UI output ComfyUI keeps and
+            # sends again when the run is cached (a reloaded page shows it)
+            has_intermediate_output=True,
             hidden=[io.Hidden.unique_id],
         )
 

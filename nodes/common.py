@@ -36,12 +36,39 @@ def node_inventory() -> Inventory:
     the environment. ComfyUI started with --cpu uses no GPU, so none is offered."""
     simulated = os.environ.get(SIMULATE_ENV, "").strip()
     if simulated:
-        return Inventory.simulated(simulated)
+        return computed_here(Inventory.simulated(simulated))
     inventory = Inventory.detect()
     if comfy_cpu_only() and len(inventory.devices) > 1:
         return Inventory([d for d in inventory.devices if d.kind == "cpu"],
                          source="detected (ComfyUI runs with --cpu: GPUs not offered)")
     return inventory
+
+
+def computed_here(inventory: Inventory) -> Inventory:
+    """The diagnostic inventory: simulated GPUs that compute on this machine's CPU (the
+    runtime's simulated device). They allocate no kernel workspace, so their plans keep
+    none unless an entry sets one (@workspace=SIZE); a what-if plan for a real card
+    (`plan --simulate`) keeps that card's workspace. Their margin follows their size
+    (placement/room.py)."""
+    from dataclasses import replace
+    devices = [replace(d, workspace_bytes=0) if d.kind != "cpu" and d.workspace_bytes is None
+               else d for d in inventory.devices]
+    return Inventory(devices, source=f"{inventory.source} (computed on this machine's CPU: "
+                                     f"no kernel workspace unless @workspace= sets one)")
+
+
+def simulated_note():
+    """The startup line when the environment names a simulated inventory; None if not."""
+    text = os.environ.get(SIMULATE_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        inventory = node_inventory()
+    except Exception as exc:           # said at startup, and again by every node
+        return f"{SIMULATE_ENV}={text!r} is not a valid inventory: {exc}"
+    return (f"{SIMULATE_ENV} is set: the nodes plan for simulated devices "
+            f"({', '.join(inventory.names)}) that compute on this machine's CPU, not for "
+            f"this machine's GPUs (unset it to plan for the real ones)")
 
 
 def workers_inventory(inventory: Inventory, text: str, strict: bool):

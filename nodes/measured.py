@@ -33,6 +33,10 @@ from ..runtime.comfy.measure_hooks import engine_session, meter_decode, meter_sa
 
 log = logging.getLogger("comfyui-placement")
 EVENT = "placement.measured"
+# node id -> {"record", "report"}: the record published last and the text report of the
+# plan that ran (Placement Report reads it, so the plan that ran and the measured figures
+# reach a UI output, which /history keeps). Data only: no model is kept alive by it.
+LATEST: Dict[str, dict] = {}
 
 
 def predicted_figures(plan, calls=None) -> dict:
@@ -117,10 +121,19 @@ class Meter:
         rec["lines"] = render_measured(rec)
         rec["runtime_fallbacks"] = merged(rec.get("runtime_fallbacks"), self._new_fallbacks(),
                                           rederived(self.plan, self.plan_that_ran()))
-        for line in rec["lines"]:
-            log.info("placement node %s: %s", self.node_id, line)
-        for f in rec["runtime_fallbacks"]:
-            log.info("placement node %s: fell back: %s", self.node_id, describe(f))
+        # published after sampling and again after the decode: each line logged once
+        if getattr(self, "_logged", (None,))[0] is not rec:
+            self._logged = (rec, set())
+        logged = self._logged[1]
+        for line in rec["lines"] + [f"fell back: {describe(f)}"
+                                    for f in rec["runtime_fallbacks"]]:
+            if line not in logged:
+                logged.add(line)
+                log.info("placement node %s: %s", self.node_id, line)
+        rec["prompt_id"] = current_prompt_id()
+        if self.node_id is not None:
+            ran = self.plan_that_ran() or self.plan
+            LATEST[self.node_id] = {"record": rec, "report": ran.report()}
         self.send(rec)
 
     def _calls(self) -> Dict[str, Dict[str, int]]:
@@ -212,6 +225,15 @@ def _real_cuda(plan, inventory) -> Dict[str, torch.device]:
             continue
         out[d.name] = torch.device(dev.torch_device)
     return out
+
+
+def current_prompt_id():
+    """The id of the prompt the server is running (None without a server)."""
+    try:
+        from server import PromptServer
+        return getattr(PromptServer.instance, "last_prompt_id", None)
+    except Exception:
+        return None
 
 
 def send_record(record: dict) -> None:

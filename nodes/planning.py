@@ -46,21 +46,30 @@ def torch_module(obj):
 
 
 def describe_object(component: str, obj, workload=None) -> ComponentInfo:
-    module = torch_module(obj)
+    # detectors (runtime/detector.Detectors) hold one model or a BBOX/SEGM pair's two
+    modules = obj.modules() if component == "detector" else [torch_module(obj)]
     label = f"comfy:{type(obj).__name__}"
     size = {} if workload is None else {"resolution": tuple(workload.resolution),
                                         "frames": workload.frames, "batch": workload.batch}
     try:
-        info = describe_component(component, [module], **size)
+        info = describe_component(component, modules, **size)
         if component == "diffusion" and getattr(workload, "rehearsed_bytes", None) is not None:
             return with_rehearsal(info, workload.rehearsed_bytes,
                                   getattr(workload, "rehearsed_per_device", ()),
                                   getattr(workload, "rehearsed_input_bytes", 0))
         if workload is not None and component in ("diffusion", "controlnet"):
             info = with_cond_batch(info, workload.cond_batch)
+        if component == "diffusion" and workload is not None and \
+                not getattr(workload, "estimate_final", False):
+            # sampling rehearses the first model call and plans again with what it
+            # measured, before the run computes (runtime/comfy/workload.py): the
+            # estimate is not a reason to refuse the plan (placement/explicit.py)
+            from dataclasses import replace
+            info = replace(info, headroom_measured_later=True)
         return info
     except PlacementError as exc:
-        return ComponentInfo(component, module_bytes(module), sources=(label,),
+        return ComponentInfo(component, sum(module_bytes(m) for m in modules),
+                             sources=(label,),
                              warnings=(f"{component}: described by size only ({exc})",))
 
 

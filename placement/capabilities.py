@@ -67,6 +67,9 @@ TABLE: Dict[str, Dict[str, FrozenSet[str]]] = {
         "clip_vision": _PATCHER,
         "upscaler": _PATCHER,
         "photomaker": _PATCHER,
+        # an ADetailer detector (Impact Pack's BBOX/SEGM_DETECTOR): moved whole to its
+        # runtime device for each detection (runtime/comfy/detector.py)
+        "detector": frozenset({"cpu_params", "peer_params"}),
     },
 }
 # What ComfyUI's own patcher expresses (a load/offload device pair); a component

@@ -1,7 +1,9 @@
-"""The seven components and the names people use for them (seed 000's table)."""
+"""The components and the names people use for them: seed 000's seven, and `detector`
+(the ADetailer YOLO detector) from stable-diffusion.cpp's current docs/backend.md."""
 from .errors import PlacementError
 
-COMPONENTS = ("diffusion", "te", "clip_vision", "vae", "controlnet", "photomaker", "upscaler")
+COMPONENTS = ("diffusion", "te", "clip_vision", "vae", "controlnet", "photomaker", "upscaler",
+              "detector")
 
 # Accepted names per component, already normalised (lower case, no '-' or '_').
 ALIASES = {
@@ -13,6 +15,7 @@ ALIASES = {
     "controlnet": ("controlnet", "control"),
     "photomaker": ("photomaker", "photomakerid", "pmid", "photo"),
     "upscaler": ("upscaler", "esrgan", "hires"),
+    "detector": ("detector", "adetailer", "yolo"),
 }
 
 _BY_ALIAS = {alias: comp for comp, names in ALIASES.items() for alias in names}
@@ -23,6 +26,9 @@ PHASES = {
     "te": "encode", "clip_vision": "encode", "photomaker": "encode",
     "diffusion": "sample", "controlnet": "sample",
     "vae": "decode", "upscaler": "upscale",
+    # ADetailer detects on the decoded image, then VAE-encodes, samples and decodes each
+    # crop: the detector and the VAE work in one stretch, so they share the decode phase
+    "detector": "decode",
 }
 
 
@@ -38,3 +44,7 @@ def canonical_component(name: str) -> str:
             f"unknown module {name.strip()!r}; modules are: {', '.join(COMPONENTS)} "
             f"(aliases: {', '.join(sorted(_BY_ALIAS))})")
     return comp
+
+
+def is_module_name(name: str) -> bool:
+    return normalise_key(name) in _BY_ALIAS

@@ -56,8 +56,38 @@ def _set_working_memory(cp: ComponentPlan, info) -> None:
 
 
 def explicit_plan(request, inventory: Inventory, infos) -> Plan:
+    """The plan, or the one-line refusal. A component whose working memory the run
+    measures before any weight moves (ComponentInfo.headroom_measured_later) and whose
+    estimate alone makes the plan not fit is planned with its working memory unknown
+    (said in its reasons and the plan's warnings); the run's re-plan with what it
+    measured keeps the budget, or refuses then, in one line, before any weight moves."""
+    try:
+        return _explicit_plan(request, inventory, infos)
+    except PlacementError as refusal:
+        later = [c for c, i in infos.items() if i is not None and
+                 i.headroom_measured_later and working_memory(i) is not None]
+        if not later:
+            raise
+        try:
+            plan = _explicit_plan(request, inventory, infos, unknown=set(later))
+        except PlacementError:
+            raise refusal from None       # the weights alone do not fit either
+    for comp in later:
+        estimate = format_bytes(working_memory(infos[comp]))
+        plan.components[comp].reasons.append(
+            f"working memory measured at the first model call: the estimate "
+            f"({estimate}) does not fit beside the weights here; the run is "
+            f"planned again with what the first call needs, or refused then in one line "
+            f"before any weight moves")
+        plan.warnings.append(f"{comp}: the working-memory estimate ({estimate}) does not "
+                             f"fit this plan; the first model call measures it")
+    return plan
+
+
+def _explicit_plan(request, inventory: Inventory, infos, unknown=frozenset()) -> Plan:
     """parallel batch / pipeline are marked by placement/parallel.py (refused in one line
-    where the runtime names one device, or pipeline with a row split)."""
+    where the runtime names one device, or pipeline with a row split). `unknown`:
+    components planned without their working memory (explicit_plan)."""
     default = inventory.default_device().name
     warnings = list(request.warnings)
     devices = device_plans(inventory, request.budgets)
@@ -75,6 +105,8 @@ def explicit_plan(request, inventory: Inventory, infos) -> Plan:
                            present=info is not None,
                            total_bytes=info.total_bytes if info else 0, reasons=reasons)
         _set_working_memory(cp, info)
+        if comp in unknown:
+            cp.headroom_bytes, cp.headroom_per_device = None, {}
         if choice.parallel == "batch":
             from .parallel import batch_parallel
             batch_parallel(cp)
@@ -88,7 +120,7 @@ def explicit_plan(request, inventory: Inventory, infos) -> Plan:
             warnings.append(f"{comp}: parallel pipeline has one stage: every block's range "
                             f"is on {next(iter(cp.blocks))} ({len(info.blocks)} block(s)), "
                             f"so it runs as a plain layer split")
-        _sizes(cp, info)
+        _sizes(cp, info, by_name)
         comps[comp] = cp
     refuse_what_the_runtime_refuses(devices, comps, infos)
     phases = _account(devices, comps, infos, warnings)
@@ -145,6 +177,10 @@ def _streaming(cp: ComponentPlan, request, by_name, info) -> None:
                                                       else ""))
         resident = resident or 0
     cp.stream = StreamPlan(resident, depth)
+    if cp.is_split and cp.parallel != "batch":
+        cp.reasons.append(f"streamed: each device of the split streams the tail of its "
+                          f"range, prefetch depth {depth}")
+        return
     cp.reasons.append(f"streamed on {cp.main_device}: first {resident} blocks resident, "
                       f"prefetch depth {depth}" + ("" if budget is not None or not resident
                                                    else " (no budget set)"))
@@ -159,6 +195,13 @@ def _split_ranges(cp: ComponentPlan, by_name, info) -> None:
     if info is None or not info.blocks:
         cp.reasons.append(f"{cp.split_mode} split over {', '.join(cp.runtime)} "
                           f"(ranges set when the model is known)")
+        return
+    if len(info.blocks) == 1:
+        # nothing to cut (no recognised blocks): stable-diffusion.cpp's rule, the whole
+        # module on the first listed device
+        cp.blocks = {cp.runtime[0]: [0, 0]}
+        cp.reasons.append(f"{cp.split_mode} split over {', '.join(cp.runtime)}: no blocks "
+                          f"to split, so it runs whole on {cp.runtime[0]} (the first listed)")
         return
     rooms = [max(0, by_name[d].room_bytes - _work(cp, d)) for d in cp.runtime]
     rooms[0] = max(0, rooms[0] - info.non_block_bytes)   # the main device holds those
@@ -176,8 +219,44 @@ def _split_ranges(cp: ComponentPlan, by_name, info) -> None:
                           f"{d} blocks {r[0]}-{r[1]}" for d, r in cp.blocks.items()))
 
 
-def _sizes(cp: ComponentPlan, info) -> None:
+def _split_prefixes(cp: ComponentPlan, info, by_name) -> bool:
+    """A streamed layer split: each device keeps resident the largest prefix of its range
+    that fits its room beside the ring (the runtime's rule, layout.range_prefix: budget or
+    free memory, less working memory and margin, the main device's less the non-block
+    weights), so the plan says what the run keeps. False: not such a split."""
+    from .layout import range_prefix
+    if cp.stream is None or not cp.is_split or cp.parallel == "batch" or \
+            cp.split_mode == "row" or not cp.blocks or not info.blocks:
+        return False
+    sizes = [b.nbytes for b in info.blocks]
+    owner = owner_of(cp.blocks, cp.runtime, len(sizes))
+    if owner is None:
+        return False
+    depth = max(0, cp.stream.prefetch_depth)
+    resident, streamed, per_device = info.non_block_bytes, 0, {}
+    for d, name in enumerate(cp.runtime):
+        mine = [s for s, o in zip(sizes, owner) if o == d]
+        if not mine:
+            continue
+        room = capacity(by_name[name]) - _work(cp, name) - \
+            (info.non_block_bytes if d == 0 else 0)
+        k = range_prefix(mine, room, depth, True)
+        k = 0 if k is None else k          # refused below, by the least it needs
+        per_device[name] = [k, len(mine)]
+        resident += sum(mine[:k])
+        streamed += sum(mine[k:])
+    cp.stream = StreamPlan(sum(k for k, _ in per_device.values()), depth,
+                           per_device=per_device)
+    cp.resident_bytes, cp.streamed_bytes = resident, streamed
+    cp.reasons.append("streamed split: " + ", ".join(
+        f"{n} keeps {k} of its {of} blocks resident" for n, (k, of) in per_device.items()))
+    return True
+
+
+def _sizes(cp: ComponentPlan, info, by_name=None) -> None:
     if info is None:
+        return
+    if by_name is not None and _split_prefixes(cp, info, by_name):
         return
     if cp.stream is not None:
         blocks = info.blocks
@@ -224,10 +303,13 @@ def _held(cp: ComponentPlan, info, by_name) -> Dict[str, int]:
     return {d: b for d, b in zip(cp.runtime, held) if b or d == cp.main_device}
 
 
-def _fix(cp: ComponentPlan, info, dev: DevicePlan, need: int, work: int) -> str:
+def _fix(cp: ComponentPlan, info, dev: DevicePlan, need: int, work: int,
+         devices: List[DevicePlan] = ()) -> str:
     """One change that makes what `cp` needs on `dev` fit (a budget raised past the
-    free memory would not: the runtime caps it there)."""
+    free memory would not: the runtime caps it there; a split only where another
+    accelerator of the inventory can take a range)."""
     name = dev.name
+    others = [d.name for d in devices if d.kind != "cpu" and d.name != name]
     raise_it = f"raise max_vram {name} to {format_bytes(need + dev.margin_bytes)} or more"
     can_raise = need + dev.margin_bytes <= dev.free_bytes
     if dev.kind == "cpu":
@@ -239,8 +321,8 @@ def _fix(cp: ComponentPlan, info, dev: DevicePlan, need: int, work: int) -> str:
     if cp.stream is None and cp.component in STREAMED_BY_DEFAULT and info.blocks:
         return "turn on stream_layers" + (" (each device streams its range)"
                                           if cp.is_split else "")
-    if not cp.is_split and info.blocks and cp.component in STREAMED_BY_DEFAULT:
-        split = f"split it (e.g. {cp.component}={name}&<another GPU>)"
+    if not cp.is_split and info.blocks and cp.component in STREAMED_BY_DEFAULT and others:
+        split = f"split it (e.g. {cp.component}={name}&{others[0]})"
         return f"{raise_it}, or {split}" if can_raise else split
     if can_raise:
         return raise_it
@@ -248,8 +330,10 @@ def _fix(cp: ComponentPlan, info, dev: DevicePlan, need: int, work: int) -> str:
         return f"free {format_bytes(need + dev.margin_bytes - dev.free_bytes)} on {name}, " \
                f"or lower the resolution, frames or batch (its working memory is " \
                f"{format_bytes(work)})"
+    instead = "give it fewer blocks (add a device to the split)" if cp.is_split else \
+        f"run it on the CPU (backend {cp.component}=cpu)"
     return f"free {format_bytes(need + dev.margin_bytes - dev.free_bytes)} on {name}, or " \
-           f"give it fewer blocks (add a device to the split)"
+           f"{instead}"
 
 
 def _what(cp: ComponentPlan, info) -> str:
@@ -342,7 +426,7 @@ def refuse_what_the_runtime_refuses(devices: List[DevicePlan],
         raise PlacementError(
             f"{name}: {cp.component} needs {format_bytes(b)} for {_what(cp, info)}"
             f"{working} there{others} but {_room_words(dev)}, short by "
-            f"{format_bytes(total - limit)}; {_fix(cp, info, dev, total, w)}")
+            f"{format_bytes(total - limit)}; {_fix(cp, info, dev, total, w, devices)}")
 
 
 def _account(devices: List[DevicePlan], comps: Dict[str, ComponentPlan], infos,

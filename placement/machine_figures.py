@@ -82,11 +82,11 @@ def load_all(path: Optional[Path] = None) -> dict:
         return {"version": VERSION, "machines": {}}
     except (OSError, ValueError) as exc:
         raise PlacementError(f"cannot read the calibration file {path}: {exc}; delete it or "
-                             f"run `python -m comfyui_placement calibrate` again") from None
+                             f"run the pack's `calibrate` again (docs/calibration.md)") from None
     if not isinstance(data, dict) or data.get("version") != VERSION \
             or not isinstance(data.get("machines"), dict):
         raise PlacementError(f"calibration file {path} is not version {VERSION}; delete it or "
-                             f"run `python -m comfyui_placement calibrate` again")
+                             f"run the pack's `calibrate` again (docs/calibration.md)")
     return data
 
 

@@ -72,10 +72,31 @@ def _stream_text(cp) -> str:
     return text
 
 
+def _stream_legend(shown) -> List[str]:
+    """What the stream column's abbreviations mean, under the table that uses them."""
+    streams = [cp.stream for _, cp in shown if cp.stream is not None]
+    if not streams:
+        return []
+    text = ("stream: K = first blocks kept resident on the device for the whole run, "
+            "depth = blocks copied ahead while one computes")
+    if any(f" ram={cp.stream.host_blocks}" in _stream_text(cp) for _, cp in shown
+           if cp.stream is not None):
+        text += ", ram = streamed blocks kept in RAM (the rest are read from the file)"
+    return [""] + wrap(text, indent="", hang="  ")
+
+
 def _shown(plan):
     """The components that get a row: those described, or all when none was."""
     present = [(n, cp) for n, cp in plan.components.items() if cp.present]
     return present or list(plan.components.items())
+
+
+def _params_text(cp) -> str:
+    """Where the weights rest: a split's weights rest with their ranges (or shards) on
+    each of its devices when they rest with the runtime."""
+    if cp.is_split and cp.params == cp.runtime[0] and cp.parallel != "batch":
+        return _runtime_text(cp.runtime)
+    return cp.params
 
 
 def render_plan(plan) -> str:
@@ -83,8 +104,7 @@ def render_plan(plan) -> str:
     shown = _shown(plan)
     for name, cp in shown:
         comp_rows.append([
-            name + ("" if cp.present else " (not loaded)"),
-            _runtime_text(cp.runtime), cp.params,
+            name, _runtime_text(cp.runtime), _params_text(cp),
             (cp.parallel if cp.parallel in ("batch", "pipeline") else cp.split_mode)
             if cp.is_split else "-",
             _stream_text(cp),
@@ -100,8 +120,12 @@ def render_plan(plan) -> str:
         for row, (_, cp) in zip(comp_rows, shown):
             row.append(cp.quant or "-")
     out = [f"placement plan (schema v{plan.version})", ""]
+    if not any(cp.present for _, cp in shown):
+        out[-1:] = ["", "no model connected here: what each component gets once Apply",
+                    "Placement receives the models (sizes come with them)", ""]
     # streamed: bytes copied per forward (per sampling step for diffusion and controlnet)
     out += table(headers, comp_rows)
+    out += _stream_legend(shown)
     out += _device_lines(plan, shown)
     out += _predicted_lines(plan)
     reasons = [(n, cp.reasons) for n, cp in plan.components.items() if cp.present]
@@ -200,6 +224,10 @@ def _speeds(plan, model) -> str:
                   else "the default speeds of each device kind")
         if model.get("corrections"):
             source += ", corrected by observed runs"
+    if source == "the default speeds of each device kind":
+        # a newcomer's first plans: say how to get this machine's own
+        source += ("; run `calibrate` (python custom_nodes/comfyui-placement calibrate) "
+                   "for this machine's")
     return "; ".join(parts) + f" ({source})"
 
 

@@ -112,8 +112,30 @@ def resolve_request(spec: PlacementSpec, inventory: Inventory, strict: bool = Tr
                              "that budget is ignored", fallbacks, None, "max_vram")
         if name is not None:
             budgets[name] = _resolve_budget(inventory, value, name)
+    _budgets_against_the_devices(spec, inventory, budgets, warnings)
     return Request(choices, budgets, spec.stream_layers, warnings, spec.offload_mode,
                    fallbacks)
+
+
+def _budgets_against_the_devices(spec: PlacementSpec, inventory: Inventory,
+                                 budgets: Dict[str, Optional[int]], warnings: List[str]):
+    """A budget is checked against the device it is for: above the card's memory it is
+    capped there (the plan uses the card's size), said in one line; a GPU budget on a
+    machine with no GPU is said, never dropped."""
+    if spec.budgets.default is not None and not inventory.accelerators():
+        warnings.append(f"max_vram {str(spec.max_vram).strip()!r} budgets GPUs and this "
+                        f"machine has none (devices: "
+                        f"{', '.join(d.name for d in inventory.devices)}): it is not used")
+    for name, budget in budgets.items():
+        dev = inventory.get(name)
+        if budget is None or dev.kind == "cpu" or budget <= dev.total_bytes:
+            continue
+        what = f", {dev.description}" if getattr(dev, "description", "") else ""
+        warnings.append(f"max_vram {name}={format_bytes(budget)} is above {name}'s memory "
+                        f"({format_bytes(dev.total_bytes)}{what}): the plan uses "
+                        f"{format_bytes(dev.total_bytes)}; lower max_vram {name} to "
+                        f"{format_bytes(dev.total_bytes)} or less")
+        budgets[name] = dev.total_bytes
 
 
 def describe_components(components, resolution=(1024, 1024), frames=1, batch=1):

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-from .components import COMPONENTS, canonical_component
+from .components import COMPONENTS, canonical_component, is_module_name
 from .devices import DEFAULT_TOKENS, canonical_device_name
 from .errors import PlacementError
 from .units import ACCEPTED as BYTES_ACCEPTED, parse_bytes
@@ -238,6 +238,11 @@ def parse_budgets(text) -> Assignment:
             raise PlacementError(f"invalid max_vram assignment {item!r}; expected DEVICE=GiB")
         if key.lower() in DEFAULT_KEYS:
             default = _parse_budget_value(value)
+        elif is_module_name(key):
+            # stable-diffusion.cpp budgets devices too; say so rather than "not found"
+            raise PlacementError(f"max_vram keys are devices, not modules: {key!r} is the "
+                                 f"module {canonical_component(key)}; budget the device it "
+                                 f"runs on, e.g. cuda0=6 (or all=6)")
         else:
             devices[_device_token(key, "max_vram")] = _parse_budget_value(value)
     return Assignment(default, devices)

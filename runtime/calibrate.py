@@ -125,11 +125,13 @@ def device_to_device(a: int, b: int, nbytes: int, reps: int = 5) -> dict:
 
 # -- disk ---------------------------------------------------------------------------------
 def default_model_folders() -> List[Path]:
-    """ComfyUI's models folder when the pack sits in ComfyUI/custom_nodes, plus
+    """ComfyUI's models folder when the pack sits in ComfyUI/custom_nodes, the one of
+    the folder the command runs from (ComfyUI's own, as its README has users do), plus
     $COMFYUI_PATH/models; else the temporary folder (said in the result)."""
     pack = Path(__file__).resolve().parents[1]
     found = []
-    for root in (pack.parents[1], Path(os.environ.get("COMFYUI_PATH", "") or "/nonexistent")):
+    for root in (pack.parents[1], Path.cwd(),
+                 Path(os.environ.get("COMFYUI_PATH", "") or "/nonexistent")):
         folder = root / "models"
         if folder.is_dir() and folder.resolve() not in found:
             found.append(folder.resolve())

@@ -388,12 +388,15 @@ class Engine:
         """The module's forward runs inside a guard (an instance `forward` that wraps the
         module's own, removed at detach): on a simulated device, the device check
         (simcheck.py); on CUDA, the caller's current device is put back (blocks make their
-        own device current, stages.py's `_current_device`). A wrapper, not a pre/post hook pair:
+        own device current, stages.py's `_current_device`); in a layer split, the
+        module's own joins bring their tensors to one device (`_joins`, crossings.py).
+        A wrapper, not a pre/post hook pair:
         torch skips always-call hooks on a KeyboardInterrupt, and a dispatch mode must be
         left in the frame (and inference-mode guard) it was entered in. Hooks run outside
         it: the root pre-hook's load copies weights, which the check allows anyway."""
         check, cuda = self.check, bool(self.cuda_devices)
-        if (check is None and not cuda) or self._own_forward is not None:
+        joins = self._joins
+        if (check is None and not cuda and joins() is None) or self._own_forward is not None:
             return
         module = self.module
         inner = module.forward
@@ -404,13 +407,22 @@ class Engine:
             if check is not None:
                 check.enter()
             try:
-                return inner(*args, **kwargs)
+                mode = joins()
+                if mode is None:
+                    return inner(*args, **kwargs)
+                with mode:
+                    return inner(*args, **kwargs)
             finally:
                 if check is not None:
                     check.leave()
                 if device is not None:
                     torch.cuda.set_device(device)
         module.forward = forward
+
+    def _joins(self):
+        """Subclasses: the mode this forward's joins run under (None: nothing to
+        bring), asked at every forward."""
+        return None
 
     def _unguard_forward(self) -> None:
         own = self._own_forward

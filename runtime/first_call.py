@@ -54,8 +54,9 @@ def size_from_first_call(engine, args, kwargs) -> bool:
                 [0] * (len(engine.targets) - 1)
         else:
             blocks = [shadow.get_submodule(n) for n in engine.block_labels]
+            home = [shadow.get_submodule(n) for n in getattr(engine, "home_names", [])]
             peaks = rehearse_split(shadow, args, kwargs, blocks, engine.owner,
-                                   len(engine.targets))
+                                   len(engine.targets), home=home)
     except Exception as exc:        # noqa: BLE001 - any failure on meta: keep the plan's
         engine.fallbacks.add(
             "not_rehearsed", "working memory rehearsed from the first call",

@@ -95,7 +95,15 @@ class Mover:
             s.cache = [{} for _ in range(self.n)]
             s.cache_bytes = [0] * self.n
             s.served = 0          # bytes handed out as copies by the current bring()
+            s.copied = 0          # copies this thread made, and their bytes (all forwards)
+            s.copied_bytes = 0
         return s
+
+    def moved_here(self):
+        """(copies, bytes) this thread has made so far: what one bring() moved is the
+        difference, exact also while a pipelined split's other shares copy at once."""
+        s = self._state()
+        return s.copied, s.copied_bytes
 
     @property
     def cache(self):
@@ -150,6 +158,9 @@ class Mover:
             self.bytes += n
             if self.simulated:
                 self.seconds += self.link.seconds(n)
+        s = self._state()
+        s.copied += 1
+        s.copied_bytes += n
         if self.simulated:
             if d:                         # untagged means main: outputs stay clean
                 setattr(out, self.tag, d)
@@ -161,6 +172,15 @@ class Mover:
         """`x` (a tensor, or containers of them: map_tensors) with every tensor on
         device d."""
         return map_tensors(lambda t: self._bring_one(t, d), x)
+
+    def bring_within(self, x, d: int):
+        """`x` with the tensors that are on another of the split's devices brought to
+        device d (a non-block module's arguments, crossings.py); a tensor on none of them
+        (a host tensor in a CUDA split) is left where it is."""
+        def one(t):
+            i = self.index_of(t)
+            return t if i < 0 or i == d else self._bring_one(t, d)
+        return map_tensors(one, x)
 
     def _bring_one(self, x: torch.Tensor, d: int) -> torch.Tensor:
         if self.where(x) == self.keys[d]:

@@ -15,7 +15,9 @@ caller's to report).
 
 `rehearse_split(...)` does the same for a layer split: each block's working memory is
 charged to the device that runs it, and what crosses a range boundary is copied there
-once per forward, as the split's mover does (runtime/moves.py): the peak per device."""
+once per forward, as the split's mover does (runtime/moves.py), and the module's own code
+crosses as the split's does (runtime/crossings.py: non-block modules get their arguments on
+the main device, joins bring their tensors to one device): the peak per device."""
 import contextlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .crossings import JoinsFollow, home_modules, hook_home
 from .moves import map_tensors
 from .simcheck import _ALLOWED as FREE          # what touches no data: views, copy_, *_like
 from .subclass_check import plain_call
@@ -196,10 +199,13 @@ class SplitHops:
 
 def rehearse_split(module: torch.nn.Module, args: Tuple, kwargs: Dict[str, Any],
                    blocks: Sequence[torch.nn.Module], owner: Sequence[int], devices: int,
-                   prepare: Optional[Callable] = None) -> List[int]:
+                   prepare: Optional[Callable] = None,
+                   home: Optional[Sequence[torch.nn.Module]] = None) -> List[int]:
     """Peak working bytes per device of a layer split that runs block i on device
     owner[i] (the non-block code on device 0). `prepare(follow, args, kwargs)` may
-    return new (args, kwargs) that bring skip connections along with `follow(x, like)`."""
+    return new (args, kwargs) that bring skip connections along with `follow(x, like)`.
+    `home`: the non-block modules whose arguments come to device 0 (the placement's,
+    stages.py `home_names`; default: crossings.home_modules of `module`)."""
     tallies = [Tally() for _ in range(devices)]
     meter = WorkMeter(tallies)
     hops = SplitHops(meter)
@@ -216,10 +222,19 @@ def rehearse_split(module: torch.nn.Module, args: Tuple, kwargs: Dict[str, Any],
         return None
     events.on_output.append(leave)
     ready = None if prepare is None else (lambda a, k: prepare(hops.follow, a, k))
+    if home is None:
+        home = [m for _, m in home_modules(module, blocks)]
+
+    def bring_home(m, a, k):            # its weights are on device 0: so are its inputs
+        return hops.bring(a, 0), hops.bring(k, 0)
     events.attach()
+    handles = hook_home(home, bring_home)
     try:
         events.begin_forward()
-        _run(module, args, kwargs, meter, ready, _WhereOperandsAre)
+        with JoinsFollow(hops.follow):
+            _run(module, args, kwargs, meter, ready, _WhereOperandsAre)
     finally:
         events.detach()
+        for h in handles:
+            h.remove()
     return [t.peak_bytes for t in tallies]

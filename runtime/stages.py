@@ -21,6 +21,7 @@ import torch
 from ..placement.errors import PlacementError
 from ..placement.layout import group_blocks
 from .blocks import block_tensor_ids, find_blocks
+from .crossings import JoinsFollow, home_modules, hook_home
 from .engine import Engine
 from .hoststore import group_key
 from .residency import give_back_freed_host_memory
@@ -104,6 +105,12 @@ class StagedEngine(Engine):
                       for i in range(len(self.owner))]
         self.exit_needed = bool(self.owner) and self.owner[-1] != 0
         self.boundaries = sum(self.entry) + int(self.exit_needed)
+        # the non-block modules holding weights of their own (on the main device): a
+        # split brings their arguments home (crossings.py); names, so a rehearsal on a
+        # copy of the module (first_call.py) hooks the same ones
+        self.home_names = [] if self.mover is None else [
+            n for n, _ in home_modules(self.module, self.block_modules,
+                                       lambda t: id(t) in self.originals)]
 
     def _make_streamers(self, groups, pending) -> None:
         """One streamer per stage with streamed blocks, each block's Source: its packed
@@ -178,8 +185,13 @@ class StagedEngine(Engine):
             events.on_call.append(self._stage_call)
         else:
             self._last_block = len(self.block_modules) - 1
+            self._visit = threading.local()     # where the last block ran (this thread's)
+            # what crossed, by where: {kind: {"hops", "bytes"}} (`_crossed`)
+            self.crossings = {}
             events.on_call.append(self._block_call)
             events.on_output.append(self._block_out)
+            self._handles += hook_home([m.get_submodule(n) for n in self.home_names],
+                                       self._home_call)
         if self.cuda_devices:
             events.on_enter.append(self._current_device)
         meter = self.check.meter if self.check is not None else None
@@ -207,6 +219,7 @@ class StagedEngine(Engine):
                 self._load()
         if self.mover is not None:
             self.mover.end_forward()          # a forward stopped midway left copies
+            self._visit.last = 0
         self._root_in = seen_bytes(args, kwargs)
         self.targets[0].ledger.set_inputs(self._root_in)
         self._compute_on(0)
@@ -227,25 +240,80 @@ class StagedEngine(Engine):
     def _block_call(self, gi, args, kwargs):
         d = self.owner[gi]
         mover = self.mover
-        copies, mover.served = mover.copies, 0
+        before, mover.served = mover.moved_here(), 0
         args, kwargs = mover.bring(args, d), mover.bring(kwargs, d)
-        if self.entry[gi] and mover.copies != copies:
-            self._hop()
+        visit = self._visit
+        # a hop: what crossed into a range's first block, or into a block after the
+        # module's own code or another device's block ran (an order other than the
+        # blocks' own: Lumina2 runs its context refiner before its noise refiner); the
+        # bytes a later block of the range pulls over are no hop of their own
+        if self.entry[gi] or getattr(visit, "last", 0) != d:
+            self._crossed(before, "boundaries")
+        else:
+            self._crossed(before, "inside_ranges", hop=False)
+        visit.last = d
         base = mover.cache_bytes[d] - mover.served + (self._root_in if d == 0 else 0)
         self.targets[d].ledger.set_activations(base + seen_bytes(args, kwargs),
                                                "block activations")
         return args, kwargs
 
-    def _hop(self) -> None:
-        with self._hop_lock:                # pipelined shares cross boundaries at once
-            self.hops += 1
+    def _home_call(self, module, args, kwargs=None):
+        """A non-block module is called (its weights are on the main device): its
+        arguments a block on another device made are brought to the main device. Called
+        without kwargs: the placement was left while torch was running this module's
+        pre-hooks (ComfyUI asked for the memory inside the call; torch had already listed
+        the hooks, and removing the handle dropped its with-kwargs mark): nothing to do."""
+        if kwargs is None:
+            return None
+        self._visit.last = 0                # the module's own code runs on the main device
+        if self.cuda_devices:
+            self._on_main()
+        mover = self.mover
+        before = mover.moved_here()
+        args, kwargs = mover.bring_within(args, 0), mover.bring_within(kwargs, 0)
+        if not self._crossed(before, "non_block_modules"):
+            return None
+        return args, kwargs
 
-    def _bring_counted(self, x, d: int):
+    def _on_main(self) -> None:
+        device = self.targets[0].device
+        if device.type == "cuda" and torch.cuda.current_device() != device.index:
+            torch.cuda.set_device(device)
+
+    def _joins(self):
+        """A layer split: the module's own joins (torch.cat of two devices' tensors)
+        bring their tensors to one device (crossings.JoinsFollow), in the forward guard.
+        The mode intercepts every torch function of the forward (about 10 us each on a
+        CPU, some 10% of a small Flux's step), so it stays on after the first forward only
+        where a join crossed in it (Lumina2, Z-Image); elsewhere the later forwards, the
+        same code on the same shapes, run without it (`joins_watched` in the stats)."""
+        if self.mover is None or not getattr(self, "joins_watched", True):
+            return None
+        return JoinsFollow(self._join_follow)
+
+    def _join_follow(self, x, like):
+        return self.follow(x, like, "joins")
+
+    def _crossed(self, before, kind: str, hop: bool = True) -> bool:
+        """Whether this thread copied anything since `before` (mover.moved_here()); if
+        so, one hop (unless `hop` is False), and the hop and its bytes under `kind` in the
+        stats' `crossings`, whose bytes add up to hop_bytes."""
+        copies, nbytes = self.mover.moved_here()
+        if copies == before[0]:
+            return False
+        with self._hop_lock:                # pipelined shares cross boundaries at once
+            crossed = self.crossings.setdefault(kind, {"hops": 0, "bytes": 0})
+            crossed["bytes"] += nbytes - before[1]
+            if hop:
+                self.hops += 1
+                crossed["hops"] += 1
+        return True
+
+    def _bring_counted(self, x, d: int, kind: str = "boundaries"):
         """`x` brought to device d; one hop when anything crossed."""
-        copies = self.mover.copies
+        before = self.mover.moved_here()
         x = self.mover.bring(x, d)
-        if self.mover.copies != copies:
-            self._hop()
+        self._crossed(before, kind)
         return x
 
     def _block_out(self, gi, output, last):
@@ -258,13 +326,13 @@ class StagedEngine(Engine):
             return self._bring_counted(output, 0)
         return None
 
-    def follow(self, x, like):
+    def follow(self, x, like, kind: str = "follow"):
         """`x` brought to the device `like` is on (a caller's skip connection: ComfyUI's
         UNet concatenates an input block's output with an output block's input)."""
         if self.mover is None:
             return x
         d = self.mover.index_of(like)
-        return x if d < 0 else self._bring_counted(x, d)
+        return x if d < 0 else self._bring_counted(x, d, kind)
 
     def _current_device(self, gi: int) -> None:
         """On CUDA, a block computes with its own device current, so kernels that bind a
@@ -294,6 +362,8 @@ class StagedEngine(Engine):
         self.forwards += 1
         if self.mover is None:
             return None
+        if learned:                         # the first forward: did any join cross?
+            self.joins_watched = "joins" in self.crossings
         output = self._bring_counted(output, 0)     # a tensor that skipped the exit hook
         self.mover.end_forward()
         return output

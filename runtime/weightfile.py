@@ -121,6 +121,9 @@ class SafetensorsFile(WeightFile):
         # the planner's reader: validated once per file version, one PlacementError line
         from ..placement.metadata.safetensors_header import read_header
         header = read_header(path)
+        if header.header_only:
+            raise PlacementError(f"{path}: holds only a safetensors header, no tensor data "
+                                 f"(it plans like its model; it cannot run)")
         for e in header.entries:
             dtype = _ST_DTYPES.get(e.dtype)
             if dtype is None:

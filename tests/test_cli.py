@@ -50,7 +50,7 @@ def test_plan_resolves_seed_examples(flags):
     out = cli("plan", "--simulate", SIM, "--json", *flags)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert data["version"] == 1 and len(data["components"]) == 7
+    assert data["version"] == 1 and len(data["components"]) == 8     # detector too
 
 
 def test_plan_json_content():

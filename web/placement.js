@@ -16,12 +16,14 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
-const NODES = new Set(["PlacementDevices", "PlacementBackendAssignment", "PlacementApply"]);
+const NODES = new Set(["PlacementDevices", "PlacementBackendAssignment", "PlacementApply",
+                       "PlacementReport"]);
 const PICKER_NODE = "PlacementBackendAssignment";
-const COMPONENTS = ["diffusion", "te", "vae", "controlnet", "clip_vision", "upscaler", "photomaker"];
+const COMPONENTS = ["diffusion", "te", "vae", "controlnet", "clip_vision", "upscaler", "photomaker",
+                    "detector"];
 const PHASES = [["encode", ["te", "clip_vision", "photomaker"]],
                 ["sample", ["diffusion", "controlnet"]],
-                ["decode", ["vae", "upscaler"]]];
+                ["decode", ["vae", "upscaler", "detector"]]];
 const COLORS = { resident: "#4a8fe0", ring: "#9a6be0", work: "#e0a84a", free: "#3d5c3d",
                  budget: "#ff5050", text: "#ddd", dim: "#999", warn: "#ffb020",
                  measured: "#7fe0a0" };
@@ -538,7 +540,9 @@ function received(node, message) {
   if (st.lastMessage === key) return;      // the same output delivered twice
   st.lastMessage = key;
   st.ranText = "";
-  st.measured = null;
+  // Placement Report carries the measured record in its UI output (the others get it
+  // from the placement.measured message)
+  st.measured = (message?.placement_measured ?? []).find((r) => r && typeof r === "object") ?? null;
   st.text = Array.isArray(message?.text) ? message.text.join("\n") : String(message?.text ?? "");
   try { st.plan = message?.placement_plan ? JSON.parse(message.placement_plan[0]) : null; }
   catch { st.plan = null; }

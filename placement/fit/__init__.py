@@ -19,6 +19,7 @@ from .costs import ComponentWork, CostModel
 from .depth import auto_depths, depth_reasons
 from .failure import explain_failure
 from .geometry import Geometry, headroom_of, stream_prefix
+from .option import PHASE_ORDER
 from .options import OFFLOAD_MODES, FitOptions, device_budgets
 from .report import build_plan
 from .rules import make_rules
@@ -74,8 +75,9 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
     else:
         auto, depth = {}, options.prefetch_depth
     search = Search(geos, work, rules, gpus, {g: budgets[g][0] for g in gpus}, host[0], model,
-                    depth, tiles)
-    best = search.run() if geos else ((0.0, 0, 0.0, 0), {}, [[0] * len(gpus) for _ in range(4)])
+                    depth, tiles, workspace=inventory.workspace_bytes())
+    best = search.run() if geos else ((0.0, 0, 0.0, 0), {},
+                                            [[0] * len(gpus) for _ in PHASE_ORDER])
     if best is None:
         raise explain_failure(search, options, budgets, host, inventory)
     result = build_plan(search, best, request, inventory, infos, options, budgets, host, notes)

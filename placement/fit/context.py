@@ -16,8 +16,12 @@ class FitContext:
 
     def __init__(self, geos: Dict[str, Geometry], works, rules, gpus: List[str],
                  budgets: Dict[str, int], host_budget: int, model, depth,
-                 tiles: Optional[Dict[str, list]] = None):
+                 tiles: Optional[Dict[str, list]] = None, workspace: Optional[int] = None):
         self.geos, self.work, self.rules = geos, works, rules
+        # the kernel workspace the accelerators allocate beside the tensors (the part of
+        # an estimate's working memory that does not scale with the batch); None: the
+        # planner's default (metadata/headroom.WORKSPACE)
+        self.workspace = workspace
         self.gpus = gpus
         self.gidx = {name: i for i, name in enumerate(gpus)}
         self.G = len(gpus)

@@ -51,7 +51,8 @@ LINK_KINDS = ("peer", "host-staged", "network")
 
 # Compute working memory when the metadata gives none: seed 003's reserves.
 FIXED_RESERVES = {"diffusion": 2 * GiB, "te": 2 * GiB, "vae": 1 * GiB, "controlnet": 1 * GiB,
-                  "upscaler": 1 * GiB, "clip_vision": 512 * MiB, "photomaker": 512 * MiB}
+                  "upscaler": 1 * GiB, "clip_vision": 512 * MiB, "photomaker": 512 * MiB,
+                  "detector": 512 * MiB}
 
 # Effective tokens per forward at 1 megapixel (1024x1024), batch 1, one frame: FLOP per
 # forward = 2 x params x tokens. Diffusion is calibrated on ANCHORS (Flux.1-dev at 1024^2
@@ -59,7 +60,9 @@ FIXED_RESERVES = {"diffusion": 2 * GiB, "te": 2 * GiB, "vae": 1 * GiB, "controln
 # TFLOP for 49 M decoder params); text encoders see a 512-token prompt.
 TOKENS_PER_MEGAPIXEL = {"diffusion": 2500.0, "controlnet": 2500.0, "vae": 12500.0,
                         "upscaler": 50000.0}
-FIXED_TOKENS = {"te": 512.0, "clip_vision": 257.0, "photomaker": 257.0}
+# A YOLOv8 detector letterboxes to 640x640 whatever the image: about 3,000 FLOP per
+# parameter (YOLOv8m: 79 GFLOP, 25.9 M params), i.e. 1,500 tokens.
+FIXED_TOKENS = {"te": 512.0, "clip_vision": 257.0, "photomaker": 257.0, "detector": 1500.0}
 SAMPLED = ("diffusion", "controlnet")          # run once per sampling step
 
 _BYTES_PER_PARAM = (

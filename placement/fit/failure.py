@@ -165,7 +165,7 @@ def _trial(search: Search, gpu_extra=0, host_extra: int = 0) -> Search:
                   {g: b + more.get(d, 0) for d, (g, b) in
                    enumerate(zip(search.gpus, search.budget))},
                   search.host_budget + host_extra, search.model, search.depth,
-                  search.tiles)
+                  search.tiles, workspace=search.workspace)
 
 
 def _retry(search: Search, gpu_extra=0, host_extra: int = 0) -> bool:

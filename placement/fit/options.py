@@ -17,7 +17,7 @@ class FitOptions:
     balanced_threshold: float = 0.75     # balanced: plan at most this share of each GPU
     budget_margin: int = MARGIN          # a real accelerator keeps it free inside its room
     host_budget: Optional[int] = None    # bytes of host RAM for weights; None: free - margin
-    host_margin: int = 2 * GiB
+    host_margin: Optional[int] = None    # None: host_reserve(free), stable-diffusion.cpp's rule
     prefetch_depth: Optional[int] = None  # blocks in flight while one computes; None: the
                                           # smallest ring with little stall (auto_depths)
     steps: int = 20                      # sampling steps per generation
@@ -47,7 +47,7 @@ class FitOptions:
             raise PlacementError(f"invalid balanced_threshold {self.balanced_threshold!r}; "
                                  f"expected a fraction in (0, 1]")
         for name in ("budget_margin", "host_margin"):
-            if int(getattr(self, name)) < 0:
+            if getattr(self, name) is not None and int(getattr(self, name)) < 0:
                 raise PlacementError(f"invalid {name} {getattr(self, name)!r}; expected bytes >= 0")
         if self.host_budget is not None and int(self.host_budget) < 0:
             raise PlacementError(f"invalid host_budget {self.host_budget!r}; expected bytes >= 0")
@@ -75,6 +75,12 @@ class FitOptions:
             if comp not in COMPONENTS:
                 raise PlacementError(f"unknown component {comp!r} in fit options; components "
                                      f"are: {', '.join(COMPONENTS)}")
+
+
+def host_reserve(free_bytes: int) -> int:
+    """Host RAM auto-fit leaves for other work: the larger of 2 GiB and 10% of what is
+    free (stable-diffusion.cpp's docs/backend.md; a big host runs more beside us)."""
+    return max(2 * GiB, int(free_bytes) // 10)
 
 
 def device_budgets(request, inventory, options: FitOptions):
@@ -107,6 +113,8 @@ def device_budgets(request, inventory, options: FitOptions):
     elif asked.get("cpu") is not None:
         host = (max(0, min(int(asked["cpu"]), cpu.free_bytes)), "max_vram cpu")
     else:
-        host = (max(0, cpu.free_bytes - int(options.host_margin)),
-                f"free {format_bytes(cpu.free_bytes)} - margin {format_bytes(options.host_margin)}")
+        margin = host_reserve(cpu.free_bytes) if options.host_margin is None \
+            else int(options.host_margin)
+        host = (max(0, cpu.free_bytes - margin),
+                f"free {format_bytes(cpu.free_bytes)} - margin {format_bytes(margin)}")
     return budgets, host, notes

@@ -5,6 +5,7 @@ from typing import Dict, List
 
 from ..components import COMPONENTS, PHASES
 from ..plan import ComponentPlan, DevicePlan, Plan
+from ..room import margin_for
 from .kinds.base import ACTION, ms
 from .option import PHASE_ORDER
 from .search import Search
@@ -131,9 +132,15 @@ def build_plan(search: Search, best, request, inventory, infos, options, budgets
             headroom = max((o.host_use for o in chosen.values() if o.runtime == ["cpu"]),
                            default=0)
         planned = max(per_phase.values()) if per_phase else 0
-        devices.append(DevicePlan(dev.name, dev.kind, dev.total_bytes, dev.free_bytes, budget,
-                                  planned, dev.description,
-                                  search.model.throughput.get(dev.name)))
+        # the device's room is `budget`; the plan states it as budget and margin, the
+        # margin kept free inside (placement/room.py), so the runtime's ledger gets both
+        margin = 0 if dev.kind == "cpu" else margin_for(
+            dev, int(options.budget_margin), (getattr(request, "budgets", {}) or {}).get(
+                dev.name))
+        devices.append(DevicePlan(dev.name, dev.kind, dev.total_bytes, dev.free_bytes,
+                                  budget + margin, planned, dev.description,
+                                  search.model.throughput.get(dev.name),
+                                  margin_bytes=margin))
         table.append({"name": dev.name, "kind": dev.kind, "total_bytes": dev.total_bytes,
                       "free_bytes": dev.free_bytes, "budget_bytes": budget, "budget_from": how,
                       "planned_bytes": planned, "phases": per_phase,

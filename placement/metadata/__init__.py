@@ -5,7 +5,7 @@ describe_component(component, sources, ...) -> ComponentInfo   (several files me
 """
 from .describe import describe, describe_component, merge
 from .info import BlockInfo, ComponentInfo
-from .tensors import TensorInfo
+from .tensors import TensorInfo, TensorTable
 
 __all__ = ["describe", "describe_component", "merge", "BlockInfo", "ComponentInfo",
-           "TensorInfo"]
+           "TensorInfo", "TensorTable"]

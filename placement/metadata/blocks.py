@@ -70,6 +70,8 @@ FAMILY_TAILS: Dict[str, Dict[str, Tail]] = {
         "RRDB_trunk": _D(10, True), "body": _D(10, True), "model.1.sub": _D(10, True),
         "layers": _D(10, True, False),
     },
+    # a YOLO detector ('model.N.' conv stages of a few MiB): placed whole, no blocks
+    "detector": {},
 }
 # Groups whose members may be levels of layers (Stable Cascade: 'down_blocks.L.N.'; a
 # diffusers UNet's are named, 'down_blocks.0.resnets.0.', and stay one block per stage).

@@ -14,7 +14,7 @@ from .gguf_file import dequant_scratch_bytes, quant_label
 from .info import BlockInfo, ComponentInfo
 from .module_info import is_module, read_module
 from .recognise import Part, recognise, split_checkpoint, te_sub_arch
-from .tensors import TensorInfo, activation_bytes
+from .tensors import TensorInfo, TensorTable, activation_bytes
 
 SAFETENSORS_EXT = (".safetensors", ".sft")
 GGUF_EXT = (".gguf",)
@@ -203,6 +203,8 @@ def read_source(source) -> Tuple[List[TensorInfo], str]:
             return list(_read_header_cached(path, low.endswith(GGUF_EXT))), path
         raise PlacementError(f"cannot read {path!r}: expected a .safetensors, .sft or .gguf "
                              f"file (pickle checkpoints are not read)")
+    if isinstance(source, TensorTable):
+        return list(source.tensors), source.label
     if is_module(source):
         return read_module(source), f"module:{type(source).__name__}"
     raise PlacementError(f"cannot describe a {type(source).__name__}: expected a path, an "

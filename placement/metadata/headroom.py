@@ -25,7 +25,9 @@ WORKSPACE = 256 * MiB
 
 # seed 003: "reserves (DiT 2 GiB, TE 2 GiB, VAE 1 GiB)"; the others by kinship.
 FALLBACK = {"diffusion": 2 * GiB, "controlnet": 2 * GiB, "te": 2 * GiB,
-            "clip_vision": 2 * GiB, "photomaker": 2 * GiB, "vae": 1 * GiB, "upscaler": 1 * GiB}
+            "clip_vision": 2 * GiB, "photomaker": 2 * GiB, "vae": 1 * GiB, "upscaler": 1 * GiB,
+            # a YOLO detector sees one 640x640 letterboxed image: small feature maps
+            "detector": 512 * MiB}
 
 
 class LatentShape(NamedTuple):

@@ -43,6 +43,10 @@ class ComponentInfo:
     # 256x256 inside blocks), as (rows, bytes per row with the bias element, how many);
     # None: not known (a hand-made description), () none (the runtime splits by layer)
     row_shards: Optional[Tuple[Tuple[int, int, int], ...]] = None
+    # the run measures the working memory before any weight moves (inside ComfyUI, the
+    # first model call is rehearsed and the run planned again with what it measured):
+    # an estimate that does not fit beside the weights is then no reason to refuse
+    headroom_measured_later: bool = False
 
     @property
     def block_bytes(self) -> int:

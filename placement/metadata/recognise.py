@@ -82,7 +82,7 @@ def recognise(tensors: Sequence[TensorInfo], hint: Optional[str] = None,
         found = Recognised("taesd_raw", "vae", "taesd")     # a bare taesd_decoder/encoder file
     if found is None:
         family = {"te": "te", "clip_vision": "clip_vision", "vae": "vae",
-                  "upscaler": "upscaler"}.get(hint, "diffusion")
+                  "upscaler": "upscaler", "detector": "detector"}.get(hint, "diffusion")
         found = Recognised(family, hint or "unknown", "unknown")
     return found
 

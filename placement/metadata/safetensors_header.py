@@ -3,7 +3,7 @@ the weights. Every way a file can be wrong becomes one PlacementError line."""
 import json
 import os
 import struct
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..errors import PlacementError
 from .tensors import SAFETENSORS_DTYPES, TensorInfo
@@ -26,6 +26,9 @@ class Header(NamedTuple):
     data_start: int              # byte offset of the data section in the file
     entries: Tuple[Entry, ...]   # in header order
     metadata: Dict[str, str]
+    # the file ends where its header does: a model's description without its weights
+    # (cut after the header to plan for it); it plans, it cannot be run
+    header_only: bool = False
 
 
 _HEADERS: Dict[tuple, Header] = {}     # (path, size, mtime_ns) -> Header, validated once
@@ -59,14 +62,25 @@ def _read(name: str) -> Header:
                 raise PlacementError(f"{name}: not a safetensors file: {size} bytes, "
                                      f"shorter than the 8-byte header length")
             (length,) = struct.unpack("<Q", head)
-            if length > MAX_HEADER_BYTES or length + 8 > size:
+            if length > MAX_HEADER_BYTES:
                 raise PlacementError(
-                    f"{name}: not a safetensors file: header length {length} does not fit "
-                    f"a {size}-byte file (limit {MAX_HEADER_BYTES})")
+                    f"{name}: not a safetensors file: header length {length} is above the "
+                    f"{MAX_HEADER_BYTES}-byte limit")
+            if length + 8 > size:
+                raise PlacementError(
+                    f"{name}: safetensors header cut short: it declares {length} bytes, the "
+                    f"file holds {size - 8} after the length (an interrupted download or copy?)")
             raw = f.read(length)
     except OSError as e:
         raise PlacementError(f"cannot read {name}: {e.strerror or e}") from None
-    entries, meta = parse_entries(raw, size - 8 - length, name)
+    data_bytes = size - 8 - length
+    if data_bytes == 0:
+        # a header-only file: every tensor's data lies past its end; the offsets must
+        # still span exactly their shapes' bytes, none overlapping
+        entries, meta = parse_entries(raw, None, name)
+        return Header(8 + length, tuple(entries), meta,
+                      header_only=any(e.end > 0 for e in entries))
+    entries, meta = parse_entries(raw, data_bytes, name)
     return Header(8 + length, tuple(entries), meta)
 
 
@@ -91,10 +105,12 @@ def _tensor_infos(entries) -> List[TensorInfo]:
     return out
 
 
-def parse_entries(raw: bytes, data_bytes: int, name: str = "<header>"
+def parse_entries(raw: bytes, data_bytes: Optional[int], name: str = "<header>"
                   ) -> Tuple[List[Entry], Dict[str, str]]:
     """The header's entries, each checked: a known dtype, a shape of counts, offsets
-    inside the data section that span exactly the shape's bytes, no two overlapping."""
+    inside the data section that span exactly the shape's bytes, no two overlapping.
+    `data_bytes` None: a header-only file, the data section is as long as the header
+    says."""
     try:
         header = json.loads(raw)
     except (ValueError, RecursionError) as e:     # UnicodeDecodeError is a ValueError
@@ -120,7 +136,8 @@ def parse_entries(raw: bytes, data_bytes: int, name: str = "<header>"
         if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
             raise PlacementError(f"{name}: bad safetensors header: tensor {key!r} shape must "
                                  f"be a list of non-negative integers")
-        if not (_is_count(begin) and _is_count(end)) or not begin <= end <= data_bytes:
+        if not (_is_count(begin) and _is_count(end)) or not begin <= end or \
+                (data_bytes is not None and end > data_bytes):
             raise PlacementError(f"{name}: bad safetensors header: tensor {key!r} data_offsets "
                                  f"outside the {data_bytes}-byte data section")
         numel = 1

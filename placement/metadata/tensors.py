@@ -1,4 +1,5 @@
 """One tensor as the readers see it (no data), and the dtype names they agree on."""
+from dataclasses import dataclass
 from typing import NamedTuple, Optional, Tuple
 
 
@@ -8,6 +9,15 @@ class TensorInfo(NamedTuple):
     dtype: str                  # 'bf16', 'f16', 'f32', 'f8_e4m3', 'q8_0', ...
     nbytes: int                 # exact bytes the tensor occupies
     quant: Optional[str] = None  # GGML block-quant type ('Q8_0'); None for plain dtypes
+
+
+@dataclass(frozen=True)
+class TensorTable:
+    """A model's tensor table without a file (placement/catalog: the built-in tables of
+    the common models); describe() reads it as it reads a file's header. `label` stands
+    where a file's path would (block sources, warnings)."""
+    label: str
+    tensors: Tuple[TensorInfo, ...]
 
 
 # safetensors dtype -> (our name, bits per element). Sub-byte types pack elements.

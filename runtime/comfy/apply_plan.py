@@ -10,8 +10,8 @@ VAE and text encoders); the rest goes through ComfyUI's own patchers.
 from typing import Dict, List, Tuple
 
 from ...placement.errors import PlacementError
-from .components import (place_clip, place_clip_vision, place_controlnet, place_model,
-                         place_photomaker, place_upscale_model, place_vae)
+from .components import (place_clip, place_clip_vision, place_controlnet, place_detectors,
+                         place_model, place_photomaker, place_upscale_model, place_vae)
 from .patcher_devices import check_executable, needs_engine, patcher_devices_for
 
 # component -> (ComfyUI io type it arrives as, placing function)
@@ -23,6 +23,8 @@ PLACERS = {
     "clip_vision": ("CLIP_VISION", place_clip_vision),
     "upscaler": ("UPSCALE_MODEL", place_upscale_model),
     "photomaker": ("PHOTOMAKER", place_photomaker),
+    # runtime/detector.Detectors: Impact Pack's BBOX_DETECTOR and SEGM_DETECTOR inputs
+    "detector": ("BBOX_DETECTOR", place_detectors),
 }
 
 

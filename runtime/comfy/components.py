@@ -122,3 +122,14 @@ def place_photomaker(photomaker, devices: PatcherDevices) -> CopyAndNotes:
     placed = copy.copy(photomaker)           # shares weights; own load_device attribute
     placed.load_device = devices.load_device
     return placed, []
+
+
+def place_detectors(detectors, devices: PatcherDevices) -> CopyAndNotes:
+    """BBOX_DETECTOR / SEGM_DETECTOR (Impact Pack; core has no detector type): the model
+    moves to the runtime device for each detection and back to its params device
+    (runtime/detector.py); the given detectors are not changed."""
+    if not detectors.modules():
+        raise PlacementError("detector: the connected detector holds no torch model (an "
+                             "Impact Pack detector keeps it in bbox_model); connect the "
+                             "provider's BBOX_DETECTOR or SEGM_DETECTOR")
+    return detectors.placed(devices.load_device, devices.offload_device), []

@@ -165,6 +165,20 @@ def register_shares(clone, session, plan, inventory, module) -> List[str]:
     return [f"{session.component}: ComfyUI's memory manager accounts {listed} ({basis})"]
 
 
+def resize_shares(patcher, session, plan, module) -> None:
+    """The plan a sampling run re-made (the same placement, the working memory its first
+    call rehearsed: a row split's shards or a stream's prefix may differ) sizes the
+    shares ComfyUI already holds, so what it accounts stays what the engine will hold."""
+    shares = [s for s in (getattr(patcher, "additional_models", {}) or {}).get(SHARES_KEY, [])
+              if isinstance(s, EngineShare)]
+    if not shares:
+        return
+    sizes, _ = planned_shares(plan, session.component, session.inventory, module)
+    for share in shares:
+        if share.device_name in sizes:
+            share.planned_bytes = int(sizes[share.device_name])
+
+
 # -- components ComfyUI loads without additional models (VAE, text encoders) -----------------
 class LoadsShares:
     """Mixin before the engine's patcher class: ComfyUI's `load_models_gpu([patcher])`

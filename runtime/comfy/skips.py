@@ -6,13 +6,13 @@ the input blocks on one device and the output blocks on another, a GPU refuses t
 cat. ComfyUI's `output_block_patch` (transformer_options["patches"], called as
 `h, hsp = p(h, hsp, transformer_options)` just before the cat) is the supported point
 to bring `hsp` to the device `h` is on; the caller's options are copied, not changed.
-Text encoders keep block outputs in a list their own code joins (joins_follow below).
+Text encoders keep block outputs in a list their own code joins (joins_follow below;
+the layer split's own forward guard does the same for any module: runtime/crossings.py).
 """
 from contextlib import nullcontext
 from typing import Callable
 
-import torch
-from torch.overrides import TorchFunctionMode
+from ..crossings import JoinsFollow      # noqa: F401  (rehearse_call's text encoders)
 
 
 def skip_follow_patch(follow: Callable):
@@ -44,30 +44,6 @@ def with_skip_follow(args, kwargs, follow: Callable):
     else:
         kwargs = {**kwargs, "transformer_options": options}
     return tuple(args), kwargs
-
-
-# torch functions that join a list of tensors into one: every operand on one device
-_JOINS = {torch.cat, torch.concat, torch.concatenate, torch.stack, torch.hstack,
-          torch.vstack, torch.dstack}
-
-
-class JoinsFollow(TorchFunctionMode):
-    """While active: the tensors of a list torch joins brought to its first one's device
-    by `follow(x, like)` (the placement's, or the rehearsal's hops)."""
-
-    def __init__(self, follow: Callable):
-        super().__init__()
-        self.follow = follow
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _JOINS and args and isinstance(args[0], (list, tuple)):
-            first = next((t for t in args[0] if isinstance(t, torch.Tensor)), None)
-            if first is not None:
-                joined = type(args[0])(self.follow(t, first) if isinstance(t, torch.Tensor)
-                                       else t for t in args[0])
-                args = (joined,) + tuple(args[1:])
-        return func(*args, **kwargs)
 
 
 def joins_follow(placed):

@@ -44,6 +44,9 @@ class Workload:
     rehearsed_bytes: Optional[int] = field(default=None, compare=False)
     rehearsed_per_device: Tuple[Tuple[str, int], ...] = field(default=(), compare=False)
     rehearsed_input_bytes: int = field(default=0, compare=False)   # held on the main device
+    # the first model call could not be rehearsed: plans keep the metadata's estimate
+    # and refuse on it (no measurement follows)
+    estimate_final: bool = field(default=False, compare=False)
 
     def plan_args(self) -> dict:
         """Keyword arguments of placement.resolve.plan for this workload (auto-fit)."""
@@ -240,6 +243,7 @@ class SamplingReplanner:
         self.runs = 0
         self.rehearsals: Dict[Workload, "Rehearsal"] = {}
         self.unrehearsable: Dict[Workload, str] = {}     # workload -> why not
+        self._guider = None              # the run's guider (its MODEL's engine session)
 
     # ComfyUI copies attachments into clones with this hook: one replanner per node output.
     def on_model_patcher_clone(self):
@@ -290,6 +294,8 @@ class SamplingReplanner:
             self.show(workload, plan, self.unrehearsable.get(workload, ""))
         if placement_key(plan, "diffusion") != placement_key(self.plan0, "diffusion"):
             return self._swapped(executor, guider, plan, run, kwargs, probe)
+        self._guider = guider
+        self._hand_plan(plan)
         saved = guider.model_options
         guider.model_options = with_probe(saved, probe)
         try:
@@ -308,16 +314,78 @@ class SamplingReplanner:
             self.unrehearsable[workload] = why
             log.warning("placement: the working memory of this run could not be "
                         "rehearsed (%s); the plan keeps the metadata's estimate", why)
-            self.show(workload, plan, why)
+            # a plan made without the estimate (it did not fit, and a measurement was to
+            # follow) is made again with it: it runs inside the estimate, or is refused
+            # here in one line before the model computes
+            final = replace(workload, estimate_final=True)
+            new = self.plans[workload] = self.replan(final, self.plan0)
+            if placement_key(new, "diffusion") != placement_key(plan, "diffusion"):
+                raise _Replan(final, new, None)
+            self._hand_plan(new)
+            self.show(workload, new, why)
             return
         self.rehearsals[workload] = got
         known = self.known(workload)
         new = self.plans[workload] = self.replan(known, self.plan0)
+        got, known, new = self._split_rehearsed(workload, plan, new, got, known, base,
+                                                args, kwargs)
         if placement_key(new, "diffusion") != placement_key(plan, "diffusion"):
             raise _Replan(known, new, got)
         self.last = (known, new)
+        self._hand_plan(new)
         self._use_vae(new)
         self.show(known, new)
+
+    def _split_rehearsed(self, workload, plan, new, got, known, base, args, kwargs):
+        """A layer split's working memory is per device of its ranges, rehearsed for the
+        ranges of `plan`; the plan made with it (`new`) may cut elsewhere (the device
+        with more working memory gets fewer blocks), which moves working memory between
+        the devices (Kandinsky5: the visual blocks, and their activations, all past the
+        cut). Rehearse the new ranges and plan again until the ranges planned are the
+        ranges rehearsed (three rounds at most; past them, each device keeps the most any
+        rehearsal of those ranges put there). Returns (rehearsal, workload, plan)."""
+        from .rehearse_call import plan_split, try_rehearse
+        split, seen = plan_split(plan), [got]
+        for _ in range(3):
+            again = plan_split(new)
+            if again is None or again == split:
+                return got, known, new
+            more, _ = try_rehearse(base, args, kwargs, again,
+                                   workload.batch * workload.cond_batch)
+            if more is None or not more.per_device:
+                break
+            split, got = again, more
+            seen.append(got)
+            self.rehearsals[workload] = got
+            known = self.known(workload)
+            new = self.plans[workload] = self.replan(known, self.plan0)
+        if plan_split(new) is not None and plan_split(new) != split:
+            most: Dict[str, int] = {}
+            for r in seen:
+                for d, b in r.per_device:
+                    most[d] = max(most.get(d, 0), int(b))
+            got = replace(got, per_device=tuple(
+                (d, most.get(d, b)) for d, b in got.per_device))
+            self.rehearsals[workload] = got
+            known = self.known(workload)
+            new = self.plans[workload] = self.replan(known, self.plan0)
+        return got, known, new
+
+    def _hand_plan(self, plan: Plan) -> None:
+        """The node's placed MODEL samples this run (the same placement): its engine
+        session, not open yet, runs this run's plan, so it keeps the working memory this
+        workload needs (rehearsed, or estimated), not the node-time plan's."""
+        from .engine_patcher import KEY
+        guider = self._guider
+        session = guider.model_patcher.get_attachment(KEY) if guider is not None else None
+        if session is not None and hasattr(session, "plan") and \
+                getattr(session, "placed", None) is None:
+            session.plan = plan
+            from .shares import resize_shares
+            module = getattr(getattr(guider.model_patcher, "model", None),
+                             "diffusion_model", None)
+            if module is not None:
+                resize_shares(guider.model_patcher, session, plan, module)
 
     def _placed_model(self, plan: Plan, base):
         import comfy.patcher_extension as ext
@@ -378,8 +446,10 @@ PROBE_KEY = "placement_rehearsal"
 
 class _Replan(Exception):
     def __init__(self, workload: Workload, plan: Plan, rehearsal):
-        super().__init__(f"working memory rehearsed at {rehearsal.inputs}: "
-                         f"{rehearsal.working_bytes} bytes; the plan changed")
+        super().__init__(
+            "working memory not rehearsed: planned again with its estimate"
+            if rehearsal is None else f"working memory rehearsed at {rehearsal.inputs}: "
+                                      f"{rehearsal.working_bytes} bytes; the plan changed")
         self.workload, self.plan = workload, plan
 
 

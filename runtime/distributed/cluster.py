@@ -231,8 +231,9 @@ class Cluster:
         try:
             sock = socket.create_connection((host, port), timeout=timeout_s)
         except OSError as exc:
-            raise PlacementError(f"{where}: cannot connect ({exc.strerror or exc}); is "
-                                 f"`python -m comfyui_placement worker` running there?") from None
+            raise PlacementError(f"{where}: cannot connect ({exc.strerror or exc}); is the "
+                                 f"pack's worker (`python custom_nodes/comfyui-placement "
+                                 f"worker`) running there?") from None
         try:
             wire.tune_socket(sock)
             hello = main_handshake(sock, secret, where, time.monotonic() + timeout_s)

@@ -106,6 +106,15 @@ class LayerSplit(StagedEngine):
         return {**self._split_stats(),
                 "ranges": dict(getattr(self, "ranges", {})),
                 "boundaries": getattr(self, "boundaries", 0),
+                # hops and bytes by where they crossed: a range's first block
+                # ("boundaries", the exit included), later blocks of a range pulling an
+                # argument over ("inside_ranges", no hop), a non-block module's arguments
+                # brought to the main device ("non_block_modules"), the module's own joins
+                # ("joins"), a caller's follow() ("follow": ComfyUI's UNet skips)
+                "crossings": {k: dict(v) for k, v in getattr(self, "crossings", {}).items()},
+                # the joins' mode: on while the first forward learns, then only where a
+                # join crossed in it (stages.py `_joins`)
+                "joins_watched": getattr(self, "joins_watched", True),
                 "streamed_blocks": dict(getattr(self, "streamed_blocks", {})),
                 "host_blocks": getattr(self, "host_blocks", 0),
                 "host_stream_bytes": getattr(self, "host_stream_bytes", 0),

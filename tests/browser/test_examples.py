@@ -22,6 +22,12 @@ def write_examples(page):
         page.wait_for_timeout(500)
         graph = page.evaluate("""(title) => { const g = window.__app.graph.serialize();
             g.extra = {...(g.extra ?? {}), title}; return g; }""", title)
+        # the Note naming the workflow's files (docs/examples.md) is kept from the file
+        old = FOLDER / f"{name}.json"
+        for note in (json.loads(old.read_text())["nodes"] if old.is_file() else []):
+            if note["type"] in ("Note", "MarkdownNote"):
+                graph["last_node_id"] += 1
+                graph["nodes"].append({**note, "id": graph["last_node_id"]})
         (FOLDER / f"{name}.json").write_text(json.dumps(graph, indent=1) + "\n")
 
 

@@ -32,6 +32,10 @@ OPENED = "layer_split_two_gpus"     # the one opened from the template browser a
 REAL_MODELS = {"diffusion_models": ["flux1-dev.safetensors"],
                "text_encoders": ["clip_l.safetensors", "t5xxl_fp16.safetensors"],
                "vae": ["ae.safetensors"], "loras": ["flux_lora.safetensors"]}
+# tiny_try_out's (`tiny-models` writes them; stand-ins here too)
+REAL_MODELS["diffusion_models"].append("placement-tiny-sd3.safetensors")
+REAL_MODELS["text_encoders"].append("placement-tiny-clip-l.safetensors")
+REAL_MODELS["vae"].append("placement-tiny-sd3-vae.safetensors")
 
 
 def pack_folder(server) -> str:
@@ -178,12 +182,20 @@ def test_template_opens_from_the_template_browser_and_runs(page, server):
     dialog = page.get_by_role("dialog")
     dialog.get_by_text(folder, exact=True).first.click()
     cards = {n: dialog.locator(f'[data-testid="template-workflow-{n}"]') for n in NAMES}
+    # every card's thumbnail loads (served, decoded: an image with a width); the grid
+    # renders a card's image only while it is near the view, so each is brought into
+    # view and checked in turn
     for name, card in cards.items():
         card.wait_for(timeout=20000)
-    # every card's thumbnail loaded (served, decoded: an image with a width)
-    page.wait_for_function("""(names) => names.every((n) => {
-        const img = document.querySelector(`[data-testid="template-workflow-${n}"] img`);
-        return img && img.complete && img.naturalWidth > 0; })""", arg=NAMES, timeout=20000)
+        card.scroll_into_view_if_needed(timeout=20000)
+        try:
+            page.wait_for_function("""(n) => {
+                const img = document.querySelector(`[data-testid="template-workflow-${n}"] img`);
+                return img && img.complete && img.naturalWidth > 0; }""", arg=name,
+                timeout=30000)
+        except Exception:
+            raise AssertionError(f"{name}: its thumbnail did not load; responses {thumbs}")
+    cards[NAMES[0]].scroll_into_view_if_needed(timeout=20000)
     assert {n: thumbs.get(f"{n}.jpg") for n in NAMES} == {n: 200 for n in NAMES}, thumbs
     page.wait_for_timeout(500)
     page.shots.joinpath("templates_1_browser.png").write_bytes(page.screenshot())

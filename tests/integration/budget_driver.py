@@ -92,6 +92,20 @@ async def run(executor, tag, inventory, **kw):
     RESULTS[tag + "_facts"] = facts(tag)
 
 
+def measured_plan():
+    """The plan that ran in the last prompt (the node's measured message)."""
+    measured = [d for e, d in cd.server.PromptServer.instance.messages
+                if e == "placement.measured"]
+    return measured[-1]["plan"]
+
+
+async def rehearsed_on_roomy(executor, tag, devices, **kw):
+    """(node-time plan, plan that ran) of pipeline(**kw) on roomy devices: the working
+    memory the node estimated, and the one the first model call rehearsed."""
+    _, node = await cd.planned_on(executor, tag, devices, **kw)
+    return node, measured_plan()
+
+
 async def main():
     cd.build_models(cd.ARGS.work)
     await cd.start_comfy(cd.ARGS.pack, cd.ARGS.work)
@@ -100,30 +114,35 @@ async def main():
                                                                       tag="reference"),
                                                "reference")
     non_block, sizes = flux_blocks()
-    # the working memory the node's plan keeps for the diffusion model (its estimate at
-    # this prompt's workload), streamed on one device and split over two
-    _, plan = await cd.planned_on(executor, "wm_stream", ["cuda0"],
-                                  params_backend="diffusion=cpu", **STREAM)
-    work = cd.working_memory(plan)
-    _, plan = await cd.planned_on(executor, "wm_split", ["cuda0", "cuda1"], **SPLIT)
-    split_work = cd.working_memory(plan)
+    # the working memory the node estimates for the diffusion model (its metadata's
+    # figure at this prompt's workload) and the one sampling rehearses at its first model
+    # call (what the run is planned with), streamed on one device and split over two
+    node, ran = await rehearsed_on_roomy(executor, "wm_stream", ["cuda0"],
+                                         params_backend="diffusion=cpu", **STREAM)
+    estimate, work = cd.working_memory(node), cd.working_memory(ran)
+    node, ran = await rehearsed_on_roomy(executor, "wm_split", ["cuda0", "cuda1"], **SPLIT)
+    split_work = max(cd.working_memory(ran),
+                     *(ran["components"]["diffusion"].get("headroom_per_device") or {0: 0}
+                       ).values())
     # streamed (no budget: no resident prefix): the weights plans put there before they
     # kept working memory, the non-block ones and a ring of two blocks (prefetch depth
     # 1), fit, and the working memory beside them does not; one block at a time does
     least = non_block + ring(sizes, 0) + work
     old = non_block + ring(sizes, 1)
-    stream_room = (least + old + work) // 2
+    stream_room = max(least, old + work // 2)
     stream_size = cd.device_size(stream_room)
     # split: each device its range and the working memory, neither the whole model
-    # beside it (the ranges are those of the old proportional split here: two equal
-    # devices; what changed is that the room now holds the working memory too)
+    # beside it
     split_size = cd.device_size(max(best_split(non_block, sizes)) + split_work + SLACK)
-    # refused: more than the weights of one block at a time, less than them beside the
-    # working memory
+    # refused at the first model call: the weights of one block at a time fit, beside
+    # them the working memory it rehearsed does not
     small_size = cd.device_size(non_block + ring(sizes, 0) + work // 2)
+    # refused at queue time: not even the weights of one block at a time fit
+    tiny_size = cd.device_size(non_block + ring(sizes, 0) - SLACK)
     RESULTS["sizes"] = {"non_block": non_block, "blocks": sizes, "work": work,
-                        "split_work": split_work, "stream_device": stream_size,
-                        "split_device": split_size, "small_device": small_size,
+                        "estimate": estimate, "split_work": split_work,
+                        "stream_device": stream_size, "split_device": split_size,
+                        "small_device": small_size, "tiny_device": tiny_size,
                         "old_stream_weights": old, "least_stream": least,
                         "split_ranges": list(best_split(non_block, sizes))}
     stream_inv = cd.simulated({"cuda0": stream_size})
@@ -132,6 +151,27 @@ async def main():
                   params_backend=f"diffusion={residency}", **STREAM)
     await run(executor, "split", cd.simulated({"cuda0": split_size, "cuda1": split_size}),
               **SPLIT)
+    # the issue's own sizes: a 7 MiB device streamed (params cpu, then disk), a layer
+    # split over two 6 MiB devices
+    for residency in ("cpu", "disk"):
+        await run(executor, f"issue_stream_{residency}", "cuda0=7MiB@workspace=0",
+                  params_backend=f"diffusion={residency}", **STREAM)
+    await run(executor, "issue_split", "cuda0=6MiB@workspace=0,cuda1=6MiB@workspace=0",
+              **SPLIT)
+    # a layer split that streams, no budget: each device keeps resident what its free
+    # memory holds beside the ring and the working memory, and streams the rest
+    await run(executor, "split_stream", "cuda0=4MiB@workspace=0,cuda1=4MiB@workspace=0",
+              stream_layers=True, **SPLIT)
+    # the README's diagnostic as written: simulated GPUs with no @workspace= (they compute
+    # on this CPU: no kernel workspace is planned) and a margin that fits their size
+    diagnostic = "cuda0=64MiB,cuda1=64MiB"
+    await run(executor, "diagnostic_stream", diagnostic, params_backend="diffusion=cpu",
+              **STREAM)
+    await run(executor, "diagnostic_auto_fit", diagnostic, backend="vae=cpu", auto_fit=True)
+    # (in this order: ComfyUI's cache would hand the second the first's Apply Placement
+    # output, planned for the other device, were that one not refused at queue time)
+    await run(executor, "too_small_weights", cd.simulated({"cuda0": tiny_size}),
+              params_backend="diffusion=cpu", **STREAM)
     await run(executor, "too_small", cd.simulated({"cuda0": small_size}),
               params_backend="diffusion=cpu", **STREAM)
     RESULTS["too_small_sampled"] = "too_small" in cd.SINK

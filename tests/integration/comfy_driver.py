@@ -871,7 +871,8 @@ def clip_calls(tag):
             continue
         dev = st["devices"]["cuda0"]
         out.append({"method": c["method"], "outcome": c["outcome"], "mode": st["mode"],
-                    "streamed_blocks": st["streamed_blocks"], "peak": dev["peak_bytes"],
+                    "streamed_blocks": st["streamed_blocks"],
+                    "resident_blocks": st.get("resident_blocks"), "peak": dev["peak_bytes"],
                     "capacity": dev["capacity_bytes"], "h2d": dev["h2d_bytes"],
                     "streamed_bytes": st["streamed_bytes_per_forward"]})
     return out

@@ -67,10 +67,11 @@ class Family:
     notes: str = ""
     pair: Optional[str] = None        # Wan 2.2 A14B: the two experts share a pair id
     depth_keys: tuple = ()            # unet_config keys that are block counts (with_depth)
+    file_key: Optional[str] = None    # at_size: the weights of this key (same config)
 
     @property
     def filename(self):
-        return f"tiny_{self.key}.safetensors"
+        return f"tiny_{self.file_key or self.key}.safetensors"
 
     @property
     def digest(self):
@@ -136,7 +137,41 @@ class Family:
         for k in self.depth_keys:
             config[k] = n
         return dataclasses.replace(self, key=f"{self.key}_d{n}", unet_config=config,
-                                   title=f"{self.title} (depth {n})")
+                                   title=f"{self.title} (depth {n})", file_key=None)
+
+    def at_size(self, depth=0, latent_scale=1, text_tokens=0, config=None, tag=""):
+        """The same family at another workload: every block list of depth `depth`
+        (with_depth; 0 keeps the family's), the latent `latent_scale` times as high and
+        wide (its last two dimensions, as families_driver's --latent-scale), a prompt of
+        `text_tokens` tokens (0 keeps the family's); `config` ({unet_config key: value},
+        what detection reads: a width), named `tag`, makes it a wider file of the same
+        family. The key says so ("flux1_d8_x2", "sd3_x4_t512", "ltxv_w256_d4_x2"); a
+        variant that changes only the workload reads the weights of the family it came
+        from (file_key)."""
+        fam = self
+        if config:
+            if not tag:
+                raise ValueError(f"{self.key}: a config change needs a tag for its key")
+            fam = dataclasses.replace(fam, key=f"{fam.key}_{tag}", file_key=None,
+                                      unet_config=dict(fam.unet_config, **config))
+            fam = dataclasses.replace(fam, title=f"{self.title} ({fam.key})")
+        fam = fam.with_depth(depth) if depth else fam
+        key, changes = fam.key, {}
+        if latent_scale != 1:
+            shape = tuple(fam.latent)
+            changes["latent"] = shape[:-2] + (shape[-2] * latent_scale,
+                                              shape[-1] * latent_scale)
+            key += f"_x{latent_scale}"
+        if text_tokens:
+            if any(torch.is_tensor(v) for v in fam.extras.values()):
+                raise ValueError(f"{self.key}: its masks are as long as its prompt; "
+                                 f"text_tokens would need them resized")
+            changes["context"] = (text_tokens, fam.context[1])
+            key += f"_t{text_tokens}"
+        if not changes:
+            return fam
+        return dataclasses.replace(fam, key=key, file_key=fam.file_key or fam.key,
+                                   title=f"{fam.title} ({key})", **changes)
 
     def meta_model(self, full=False):
         """(model config, model_base instance) built on the meta device."""
@@ -665,3 +700,51 @@ def param_bytes(module):
 FAMILIES = _families()
 PAIRS = {"wan22_a14b": ("wan22_a14b_high", "wan22_a14b_low")}
 TIERS = ("tiny", "min", "meta")
+
+
+# -- sizes where planned against measured is a percentage ------------------------------
+# Planned equals measured within 10% wherever a device holds at least 8 MiB. At the suite's tiny sizes most devices of the placed ways hold a few MiB, where
+# a tolerance of a fixed 1 MiB is what gets tested. At these sizes (Family.at_size) every
+# device of the ways whose plans carry their own byte model (families_driver: stream_cpu,
+# stream_disk, layer, auto_fit) holds at least 8 MiB: the streamed device holds the
+# non-block weights, a ring and the working memory, which the latent's size grows; a
+# layer split's devices hold their ranges, which depth grows. Each is a small size that
+# leaves every device at least AT_8MIB_FLOOR with a margin, measured with
+# benchmarks/planned_vs_measured.py (its table is in docs/runtime.md). The latent is at
+# least twice as high and wide everywhere (test_families.py checks the working memory's
+# growth against the families' own size); the families of hard-coded widths (the UNets,
+# PixArt, HunyuanDiT's text side, Cosmos) need nothing more. A larger latent costs less
+# time than more blocks here (the simulated device dispatches every operation through
+# Python): HunyuanVideo and CogVideoX stay at depth 4. Flux.2's 512-token padded prompt
+# and HunyuanVideo 1.5's ByT5 mapper hold enough at depth 4; SD3 has no free depth (its
+# width is 64 x depth): a larger latent (its position embedding stops at 4x) and a
+# 512-token prompt make its working memory. LTXV's tiny blocks (0.26 MiB at width 64, 32
+# heads of 2, whose attention is slow on the CPU at large latents) would need 32 blocks
+# and a 6x latent (3 minutes of the run): it is built at width 256 (heads of 8, which
+# detection reads from to_k) instead.
+AT_8MIB_FLOOR = 8 << 20
+AT_8MIB = {
+    "sd15": "x2", "sdxl": "x2", "svd": "x2", "sd3": "x4t512",
+    "flux1": "d8x4", "flux2": "d4x2", "pixart_sigma": "d4x2", "hunyuan_dit": "d8x2",
+    "wan21": "d16x4", "wan22_5b": "d16x4", "wan22_a14b_high": "d16x4",
+    "wan22_a14b_low": "d16x4", "hunyuan_video": "d4x4", "hunyuan_video15": "d4x2",
+    "ltxv": {"config": {"attention_head_dim": 8, "cross_attention_dim": 256}, "tag": "w256",
+             "depth": 4, "latent_scale": 2},
+    "cogvideox": "d4x4", "cosmos_predict2": "x2", "kandinsky5": "d8x6",
+    "hunyuan3d2": "d6x4t2048", "hunyuan3d21": "d4x2",
+}
+
+
+def parse_size(text):
+    """"d8x2t512" (any of the three, in that order) -> at_size's keyword arguments; a
+    dict is at_size's keyword arguments already."""
+    if isinstance(text, dict):
+        return dict(text)
+    import re
+    m = re.fullmatch(r"(?:d(\d+))?(?:x(\d+))?(?:t(\d+))?", text)
+    if not m or not text:
+        raise ValueError(f"size {text!r}: expected e.g. d8, x2, d8x2, x4t512")
+    depth, scale, tokens = m.groups()
+    return {"depth": int(depth or 0), "latent_scale": int(scale or 1),
+            "text_tokens": int(tokens or 0)}
+

@@ -16,6 +16,7 @@ compare against the plain one with `compare()`.
 """
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -39,6 +40,14 @@ def parse_args():
     ap.add_argument("--depth", type=int, default=0,
                     help="run each family that allows it with every block list of this "
                          "depth (Family.with_depth) instead of the default 1-2")
+    ap.add_argument("--sizes", default="",
+                    help="comma-separated KEY=SIZE, SIZE as d8x2t512 (depth, latent scale, "
+                         "prompt tokens; any of them): run each family named at that size "
+                         "(Family.at_size) instead of its own; the results are keyed by "
+                         "the sized key and carry base_key and size")
+    ap.add_argument("--at-8mib", action="store_true",
+                    help="run each family at families.AT_8MIB's size, where every device "
+                         "of the placed ways holds at least 8 MiB (issue 29 item 3)")
     ap.add_argument("--placed", default="",
                     help="JSON of Backend Assignment inputs: after each plain run, the same "
                          "prompt placed with them, compared with the plain latent")
@@ -65,7 +74,8 @@ def parse_args():
                     help="ComfyUI's cross attention (its --use-*-cross-attention flag)")
     ap.add_argument("--without-skip-patch", action="store_true",
                     help="run as if the layer split's UNet skip patch (runtime/comfy/"
-                         "skips.py) were removed: the device check must refuse the skip cat")
+                         "skips.py) and its crossing of joins (runtime/crossings.py) were "
+                         "removed: the device check must refuse the skip cat")
     ap.add_argument("--simulate", default="",
                     help="COMFYUI_PLACEMENT_SIMULATE inventory for the placed runs "
                          "(e.g. cuda0=1MiB), or auto:F for one device of F x each "
@@ -810,6 +820,10 @@ def way_facts(tag):
             "params": comp.get("params"), "split_mode": comp.get("split_mode"),
             "stream": comp.get("stream"), "parallel": comp.get("parallel"),
             "planned": planned, "measured": devices, "hops": stats.get("hops"),
+            # a layer split: the bytes that crossed, and by where (runtime/crossings.py)
+            "hop_bytes": stats.get("hop_bytes"), "crossings": stats.get("crossings"),
+            "forwards": stats.get("forwards"), "ranges": stats.get("ranges"),
+            "working_memory": stats.get("working_memory"),
             "mode": stats.get("mode") or stats.get("split_mode"),
             "streamed_blocks": stats.get("streamed_blocks"),
             "device_check": stats.get("device_check"),
@@ -874,13 +888,20 @@ def jsonable(x):
 
 
 def drop_skip_patch():
-    """The UNet skip patch as if removed: the patch it adds leaves each skip where it is."""
+    """The UNet skip patch as if removed: the patch it adds leaves each skip where it is,
+    and so does the layer split's general crossing of joins (runtime/crossings.py, which
+    would bring the skip to the cat's first tensor's device as the patch does): nothing
+    brings the skip over."""
     def inert(follow):
         return lambda h, hsp, transformer_options: (h, hsp)
     for suffix in ("runtime.comfy.skips", "runtime.comfy.rehearse_call"):
         module = pack_module(suffix)
         if hasattr(module, "skip_follow_patch"):
             module.skip_follow_patch = inert
+    stages = pack_module("runtime.stages")
+    stages.StagedEngine._joins = lambda self: None
+    rehearse = pack_module("runtime.rehearse")
+    rehearse.JoinsFollow = lambda follow: contextlib.nullcontext()
 
 
 async def main():
@@ -911,6 +932,26 @@ async def main():
         for pair, keys in list(PAIRS.items()):     # the pair runs its deeper experts
             PAIRS[pair] = tuple(k + f"_d{ARGS.depth}" if k + f"_d{ARGS.depth}" in FAMILIES
                                 else k for k in keys)
+    sized = {}       # sized key -> {"base_key", "size"}
+    if ARGS.sizes or ARGS.at_8mib:
+        if ARGS.depth:
+            raise SystemExit("--sizes / --at-8mib set the depth themselves: drop --depth")
+        sizes = dict(item.split("=", 1) for item in ARGS.sizes.split(",") if item)
+        if not ARGS.families and ARGS.sizes and not ARGS.at_8mib:
+            wanted = list(sizes)
+        out = []
+        for key in wanted:
+            size = sizes.get(key, fam_mod.AT_8MIB.get(key) if ARGS.at_8mib else None)
+            if size is None or key not in FAMILIES:
+                if ARGS.at_8mib and key in FAMILIES and FAMILIES[key].tier == "tiny":
+                    RESULTS["errors"].append(f"{key}: no AT_8MIB size")
+                out.append(key)
+                continue
+            fam = FAMILIES[key].at_size(**fam_mod.parse_size(size)) if size else FAMILIES[key]
+            FAMILIES[fam.key] = fam           # the test nodes look families up by key
+            sized[fam.key] = {"base_key": key, "size": fam.key[len(key) + 1:] or "as built"}
+            out.append(fam.key)
+        wanted = out
     for key in wanted:
         fam = FAMILIES.get(key)
         if fam is None:
@@ -932,6 +973,7 @@ async def main():
                 RESULTS["families"][key] = await run_family(executor, fam, models_dir)
         except Exception:
             RESULTS["families"][key] = {"ok": False, "error": traceback.format_exc()[-2000:]}
+        RESULTS["families"][key].update(sized.get(key, {}))
     # the A14B pair as it is used: high-noise expert, then low-noise expert
     for pair, keys in PAIRS.items():
         if all(RESULTS["families"].get(k, {}).get("ok") for k in keys):

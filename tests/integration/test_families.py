@@ -100,8 +100,16 @@ UNREHEARSABLE = {}
 MATCHED = ("stream_cpu", "stream_disk", "layer", "auto_fit")
 
 
+# issue 29 item 3: at and above this a device's measured peak is within 10% of its plan;
+# below it (the tiny sizes of most families' devices here) within 10% or 1 MiB
+AT_LEAST = 8 << 20
+
+
 def close_to_plan(planned: int, measured: int) -> bool:
-    """Issue 19 item 4: within 10% of the plan, or 1 MiB at these tiny sizes."""
+    """Within 10% of the plan where it is 8 MiB or more (issue 29 item 3); below, within
+    10% or 1 MiB (the `sized` run holds every device at 8 MiB or more)."""
+    if planned >= AT_LEAST:
+        return abs(measured - planned) <= planned // 10
     return abs(measured - planned) <= max(planned // 10, 1 << 20)
 
 
@@ -240,25 +248,56 @@ def test_the_rehearsal_runs_whatever_attention_comfyui_picked(split_attention, k
             assert close_to_plan(facts["planned"][name], dev["peak_bytes"]), (way, name, dev)
 
 
+# the ways the `sized` run places each family (stream_disk's plan and bytes are
+# stream_cpu's: benchmarks/planned_vs_measured.py runs it too, docs/runtime.md)
+SIZED_WAYS = ("stream_cpu", "layer", "auto_fit")
+
+
+def base_key(key: str) -> str:
+    """A RUN key without its _d4: the key of families.AT_8MIB."""
+    return key[:-3] if key.endswith("_d4") else key
+
+
 @pytest.fixture(scope="module")
-def doubled(tmp_path_factory):
-    """The same families at twice the latent's height and width (four times the image
-    tokens): the working memory must follow the family's real growth."""
-    return run_driver(DRIVER, "FAMILIES_RESULTS", tmp_path_factory.mktemp("doubled"),
-                      extra=["--depth", "4", "--ways", "stream_cpu,auto_fit",
-                             "--latent-scale", "2"])["families"]
+def sized(tmp_path_factory):
+    """The same families at families.AT_8MIB's sizes (more blocks, the latent at least
+    twice as high and wide, SD3 a 512-token prompt), where every device of these ways
+    plans 8 MiB or more: there the plan must hold within 10% (issue 29 item 3), and the
+    working memory must follow the family's real growth from its size in `everything`.
+    Keyed by the family's key in families.py (base_key)."""
+    out = run_driver(DRIVER, "FAMILIES_RESULTS", tmp_path_factory.mktemp("sized"),
+                     extra=["--at-8mib", "--families", ",".join(base_key(k) for k in RUN),
+                            "--ways", ",".join(SIZED_WAYS)], timeout=2400)["families"]
+    return {r["base_key"]: r for r in out.values() if "base_key" in r}
 
 
 @pytest.mark.parametrize("key", RUN)
-def test_plans_match_at_twice_the_size(results, doubled, key):
-    for way in ("stream_cpu", "auto_fit"):
-        check_plan_matches_run(key, way, doubled[key]["ways"][way]["facts"])
+def test_plans_match_where_every_device_holds_8_mib(results, sized, key):
+    """Streamed, layer split and auto-fit at families.AT_8MIB's size: every device plans
+    at least 8 MiB, and measures within 10% of it (no 1 MiB floor applies). The latents
+    are the plain run's within float32 rounding; a batch parallel (auto-fit's choice for
+    most of them here) computes each share at another batch size, for which the CPU's
+    BLAS picks other kernels: SVD at this size differs by 4e-5 of its largest value
+    (exact equality is test_family_placed_equals_plain's, at the suite's size)."""
+    r = sized[base_key(key)]
+    # still the family: detection picks its own config at this size (Hunyuan3D 2.0 at
+    # depth 8 would be Hunyuan3Dv2mini)
+    assert r["ok"] and r["config_ok"], (r.get("error"), r.get("config"), r["size"])
+    for way in SIZED_WAYS:
+        w = r["ways"][way]
+        assert w["error"] is None and (w["compare"].get("max_rel_diff") or 0) <= 1e-4 \
+            and w["compare"].get("same_shape"), (key, way, w.get("error"), w.get("compare"))
+        facts = w["facts"]
+        check_plan_matches_run(key, way, facts)
+        for name, dev in facts["measured"].items():
+            assert facts["planned"][name] >= AT_LEAST, \
+                (key, r["size"], way, name, facts["planned"], "grow families.AT_8MIB")
     if key in UNREHEARSABLE:
         return
     # the plan grows as the run does (HunyuanDiT's does not: its largest tensors are
     # the text embedding's, the same at both sizes)
     small = results[key]["ways"]["stream_cpu"]["facts"]
-    large = doubled[key]["ways"]["stream_cpu"]["facts"]
+    large = r["ways"]["stream_cpu"]["facts"]
     metered = [f["measured"]["cuda0"]["working_peak_bytes"] for f in (small, large)]
     planned = [small["rehearsed_bytes"], large["rehearsed_bytes"]]
     assert abs(planned[1] / planned[0] - metered[1] / metered[0]) <= \
@@ -281,13 +320,13 @@ def test_working_memory_metered_on_every_device(results, key):
 # full width: 2-4 GB files each (Chroma and Qwen-Image at the smallest size detection
 # accepts hold one block: nothing to stream or split; they are checked on meta)
 HEAVY = ["cascade_b", "cascade_c", "auraflow", "lumina2", "zimage"]
-# Known defects the operand check found (issue 29): a layer split whose cut falls where the
-# model's own code joins tensors from two ranges. Lumina2 / Z-Image: torch.cat of the
-# context refiner's and the noise refiner's outputs; Stable Cascade: its down/upscalers
-# and repeat mappers (non-block modules on the main device) run between levels on
-# activations from the other device. A GPU refuses both; the pack needs a crossing there
-# (like runtime/comfy/skips.py's for the UNet).
-MISSING_CROSSINGS = {"cascade_b", "cascade_c", "lumina2", "zimage"}
+# Lumina2 / Z-Image join their context refiner's and noise refiner's outputs (torch.cat)
+# in their own code, and Stable Cascade runs its down/upscalers and repeat mappers
+# (non-block modules on the main device) between levels on activations from the other
+# device: a GPU refuses both, and the layer split brings them across
+# (runtime/crossings.py), counted in its hops and hop_bytes.
+CROSSES = {"cascade_b": "non_block_modules", "cascade_c": "non_block_modules",
+           "lumina2": "joins", "zimage": "joins"}
 
 
 @pytest.fixture(scope="module")
@@ -304,20 +343,6 @@ def test_full_width_families_stream_and_split(heavy, key):
     Z-Image (refiners before the main layers), at the smallest size detection accepts,
     streamed and layer split: the plain latent."""
     r = heavy[key]
-    if key in MISSING_CROSSINGS:
-        # the pack does not yet bring these models' own cross-range tensors over (see
-        # MISSING_CROSSINGS): the simulated device refuses the layer split as a GPU would,
-        # naming both devices; the streamed way runs. This fails once the crossing exists.
-        assert r["config_ok"], r.get("error")
-        w = r["ways"]["layer"]
-        assert not w["ok"] and "found operands on two devices" in (w.get("error") or ""), \
-            (key, w)
-        assert "cuda0" in w["error"] and "cuda1" in w["error"], w["error"][-400:]
-        stream = r["ways"]["stream_cpu"]
-        assert stream["ok"], (stream.get("error"), stream.get("compare"))
-        assert stream["facts"]["device_check"] == "on"
-        assert stream["facts"]["streamed_blocks"] >= 2
-        return
     assert r["ok"] and r["config_ok"], r.get("error")
     for way in ("stream_cpu", "layer"):
         w = r["ways"][way]
@@ -327,7 +352,16 @@ def test_full_width_families_stream_and_split(heavy, key):
         for dev in facts["measured"].values():
             assert dev["peak_bytes"] <= dev["capacity_bytes"], facts
     assert r["ways"]["stream_cpu"]["facts"]["streamed_blocks"] >= 2
-    assert r["ways"]["layer"]["facts"]["hops"] >= 2
+    layer = r["ways"]["layer"]["facts"]
+    assert layer["hops"] >= 2 and sorted(layer["measured"]) == ["cuda0", "cuda1"], layer
+    assert all(d["working_peak_bytes"] > 0 for d in layer["measured"].values()), layer
+    # what crossed, by where, adds up to the hops and bytes that moved
+    crossings = layer["crossings"]
+    assert sum(c["hops"] for c in crossings.values()) == layer["hops"], layer
+    assert sum(c["bytes"] for c in crossings.values()) == layer["hop_bytes"] > 0, layer
+    if key in CROSSES:          # the model's own code crossed where the issue found it
+        crossed = crossings.get(CROSSES[key]) or {}
+        assert crossed.get("hops", 0) > 0 and crossed.get("bytes", 0) > 0, (key, crossings)
 
 
 @pytest.mark.parametrize("key", UNETS)

@@ -292,7 +292,8 @@ def test_observe_plan_step_uses_the_plans_prediction_on_each_runtime_device():
 
 def test_report_says_where_the_speeds_come_from():
     inv = machine()
-    assert "(the default speeds of each device kind)" in " ".join(plan_on(inv).report().split())
+    assert "(the default speeds of each device kind; run `calibrate`" in \
+        " ".join(plan_on(inv).report().split())
     mf.save_measurements(inv, record())
     text = " ".join(plan_on(inv, bandwidth={"cuda0": 9e9}).report().split())
     assert "(measured on this machine, some given)" in text

@@ -109,6 +109,9 @@ def test_a_split_vae_is_never_proposed_inside_comfyui():
     (dict(backend="controlnet=cuda0"), "comfyui", "a simulated device"),
     (dict(backend="controlnet=cuda0", auto_fit=True), "comfyui", "a simulated device"),
     (dict(backend="*=cpu", params_backend="upscaler=disk"), "comfyui", "params disk"),
+    # an Impact Pack detector is moved whole for each call (runtime/detector.py)
+    (dict(backend="*=cpu", params_backend="yolo=disk"), "comfyui", "params disk"),
+    (dict(backend="*=cpu,detector=cuda0&cuda1"), "comfyui", "a layer split"),
     (dict(backend="diffusion=cuda0&cuda1", split_mode="row", params_backend="*=disk"),
      "runtime", "params disk with a row split"),
     (dict(backend="diffusion=cuda0&cuda1", split_mode="row", stream_layers=True),
@@ -121,7 +124,7 @@ def test_a_split_vae_is_never_proposed_inside_comfyui():
 def test_explicit_impossible_requests_name_what_is_missing(spec, executor, missing):
     inv = Inventory.simulated("cuda0=24GiB,cuda1=24GiB,cpu=64GiB")
     infos = {c: info(c, n=6, block=64 * MiB) for c in ("diffusion", "vae", "controlnet",
-                                                      "upscaler")}
+                                                      "upscaler", "detector")}
     with pytest.raises(PlacementError) as exc:
         plan(PlacementSpec(**spec), inv, infos, executor=executor)
     text = str(exc.value)

@@ -269,7 +269,7 @@ def test_preset_sequential_streams_every_block():
 
 def test_preset_balanced_keeps_planned_use_under_the_threshold():
     p = run("cuda0=24GiB,cpu=64GiB", _set(), offload_mode="balanced")
-    assert p.device("cuda0").budget_bytes == int(0.75 * 24 * GiB)
+    assert p.device("cuda0").room_bytes == int(0.75 * 24 * GiB)
     assert p.device("cuda0").planned_bytes <= 0.75 * 24 * GiB
     low = run("cuda0=24GiB,cpu=64GiB", _set(), offload_mode="balanced", balanced_threshold=0.4)
     assert low.device("cuda0").planned_bytes <= 0.4 * 24 * GiB
@@ -322,9 +322,10 @@ def test_device_table_like_llama_fit():
 def test_budget_from_max_vram_and_free_memory():
     p = run("cuda0=24GiB/10GiB,cuda1=24GiB,cpu=64GiB", _set(),
             request(budgets={"cuda1": 6 * GiB}))
-    assert p.device("cuda0").budget_bytes == 10 * GiB - 512 * MiB
+    assert p.device("cuda0").room_bytes == 10 * GiB - 512 * MiB
     # a budget keeps the margin inside it too: 512 MiB, at most a sixteenth of it
-    assert p.device("cuda1").budget_bytes == 6 * GiB - 6 * GiB // 16
+    assert p.device("cuda1").room_bytes == 6 * GiB - 6 * GiB // 16
+    assert p.device("cuda1").budget_bytes == 6 * GiB     # as asked, the margin inside it
 
 
 def test_nothing_fits_says_by_how_much():

@@ -99,7 +99,8 @@ def test_streamed_batch_parallel_shares_working_memory_per_share():
     (the metadata's estimate: 256 MiB workspace + activations in proportion to the
     batch); each device holds its stream ring, resident prefix and that."""
     model = info(16, headroom=4 * GiB)
-    p = run("cuda0=12GiB,cuda1=12GiB", {"diffusion": model}, cond_batch=2)
+    # the host given (not this machine's free RAM, which moves between runs)
+    p = run("cuda0=12GiB,cuda1=12GiB,cpu=64GiB", {"diffusion": model}, cond_batch=2)
     cp = p.components["diffusion"]
     assert cp.parallel == "batch" and cp.stream is not None
     share = (256 << 20) + (4 * GiB - (256 << 20)) // 2
@@ -107,12 +108,29 @@ def test_streamed_batch_parallel_shares_working_memory_per_share():
                                              cp.stream.prefetch_depth)
     assert fitted(p)["held_bytes"] == {"cuda0": weights + share, "cuda1": weights + share}
     # a given headroom is kept whole (nothing says what part of it scales)
-    given = run("cuda0=12GiB,cuda1=12GiB", {"diffusion": model}, cond_batch=2,
+    given = run("cuda0=12GiB,cuda1=12GiB,cpu=64GiB", {"diffusion": model}, cond_batch=2,
                 headroom={"diffusion": 4 * GiB + 1})
     g = given.components["diffusion"]
     if g.parallel == "batch":
         w = Geometry(model).stream_weights(g.stream.resident_blocks, g.stream.prefetch_depth)
         assert fitted(given)["held_bytes"]["cuda0"] == w + 4 * GiB + 1
+
+
+def test_batch_parallel_share_scales_with_the_inventorys_own_workspace():
+    """Devices that allocate no kernel workspace (@workspace=0: the simulated devices of
+    the integration suite): the working memory is activations alone, so a share of 1
+    item of 2 keeps half of it on each device, whatever its size (issue 29 item 3: an
+    estimate under the default 256 MiB workspace was kept whole on each device, and a
+    two-way batch parallel measured 0.70 of its plan)."""
+    model = info(8, headroom=64 << 20)
+    p = run("cuda0=24GiB@workspace=0,cuda1=24GiB@workspace=0", {"diffusion": model},
+            cond_batch=2)
+    cp = p.components["diffusion"]
+    assert cp.parallel == "batch" and cp.stream is None, cp
+    assert fitted(p)["held_bytes"] == {"cuda0": model.total_bytes + (32 << 20),
+                                       "cuda1": model.total_bytes + (32 << 20)}
+    for name in ("cuda0", "cuda1"):
+        assert p.device(name).planned_bytes == model.total_bytes + (32 << 20)
 
 
 # -- pipelined split -----------------------------------------------------------------------

@@ -12,7 +12,8 @@ def params_of(p):
     return {c: cp.params for c, cp in p.components.items()}
 
 
-ALL = ("diffusion", "te", "clip_vision", "vae", "controlnet", "photomaker", "upscaler")
+ALL = ("diffusion", "te", "clip_vision", "vae", "controlnet", "photomaker", "upscaler",
+       "detector")
 
 
 def every(value, **over):
@@ -63,6 +64,12 @@ SEED_EXAMPLES = [
     (dict(backend="photo-maker-id=cpu"), every("cuda0", photomaker="cpu"), None),
     (dict(backend="esrgan=cpu"), every("cuda0", upscaler="cpu"), None),
     (dict(backend="hires=cpu"), every("cuda0", upscaler="cpu"), None),
+    # stable-diffusion.cpp's eighth module (docs/backend.md): the ADetailer detector
+    (dict(backend="detector=cpu"), every("cuda0", detector="cpu"), None),
+    (dict(backend="ADetailer=cuda1"), every("cuda0", detector="cuda1"), None),
+    (dict(backend="yolo=vulkan0"), every("cuda0", detector="vulkan0"), None),
+    (dict(backend="cuda1", params_backend="yolo=disk,detector=cpu"), every("cuda1"),
+     every("cuda1", detector="cpu")),
     # backend names: exact, case-insensitive, unique prefix, special values, torch spellings
     (dict(backend="CUDA1"), every("cuda1"), None),
     (dict(backend="vulkan"), every("vulkan0"), None),
@@ -191,6 +198,10 @@ ERRORS = [
     (dict(max_vram="cuda0=nan"), ["invalid max_vram value"]),
     (dict(max_vram="1e400"), ["invalid max_vram value"]),
     (dict(max_vram="6,,"), ["empty entry"]),
+    # budgets are per device, as in stable-diffusion.cpp; a module there is said so
+    (dict(max_vram="detector=2"), ["max_vram keys are devices, not modules", "detector"]),
+    (dict(max_vram="cuda0=6,YOLO=1"), ["max_vram keys are devices", "module detector"]),
+    (dict(max_vram="te=4"), ["max_vram keys are devices", "module te"]),
     (dict(offload_mode="fast"), ["invalid offload_mode", "balanced"]),
     (dict(stream_layers="maybe"), ["stream_layers must be true or false"]),
     (dict(backend=3), ["backend must be a string"]),

@@ -11,12 +11,16 @@ the unplaced one."""
 import dataclasses
 from typing import NamedTuple
 
+import pytest
 import torch
 from torch import nn
 
 from comfyui_placement import PlacementSpec, place, plan
 from comfyui_placement.placement.devices import Inventory
+from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan
+from comfyui_placement.runtime.blocks import find_blocks
 from comfyui_placement.runtime.moves import map_tensors
+from comfyui_placement.runtime.rehearse import rehearse_split
 
 WIDTH = 32
 
@@ -132,3 +136,194 @@ def test_map_tensors_rebuilds_without_touching_the_callers_objects():
     assert float(out["vec"][0].shift.sum()) == 2 and float(out["t"][0].sum()) == 2
     assert mod.shift is t and pair.a is t and x["t"][0] is t       # the caller's, as given
     assert map_tensors(lambda v: v, x) is x                        # nothing moved: itself
+
+
+# -- the module's own code between blocks of two devices (runtime/crossings.py) -------------
+BATCH, CAP, IMG = 2, 5, 12          # batch, caption tokens, image tokens
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, skip=None):
+        out = torch.relu(self.lin(x)) + x
+        return out if skip is None else out + skip
+
+
+class Refiners(nn.Module):
+    """Lumina2 / Z-Image's forward (comfy/ldm/lumina/model.py): the context refiner runs
+    first, then the noise refiner (registered, so found, before it); the parent joins their
+    outputs with torch.cat, and the main layers follow."""
+
+    def __init__(self, n=2):
+        super().__init__()
+        self.x_embedder = nn.Linear(WIDTH, WIDTH)
+        self.cap_embedder = nn.Linear(WIDTH, WIDTH)
+        self.noise_refiner = nn.ModuleList(Layer() for _ in range(n))
+        self.context_refiner = nn.ModuleList(Layer() for _ in range(n))
+        self.layers = nn.ModuleList(Layer() for _ in range(n))
+        self.final_layer = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, cap):
+        cap = self.cap_embedder(cap)
+        for layer in self.context_refiner:
+            cap = layer(cap)
+        x = self.x_embedder(x)
+        for layer in self.noise_refiner:
+            x = layer(x)
+        h = torch.cat((cap, x), dim=1)
+        for layer in self.layers:
+            h = layer(h)
+        return self.final_layer(h[:, cap.shape[1]:])
+
+
+class Levels(nn.Module):
+    """Stable Cascade's forward (comfy/ldm/cascade/stage_b.py, stage_c.py): each level a
+    ModuleList of layers the parent loops (no forward of its own), a downscaler or upscaler
+    between levels and a repeat mapper between a level's repeats (non-block modules with
+    their own weights), the down levels' outputs handed to the up levels as skips."""
+
+    def __init__(self):
+        super().__init__()
+        pair = lambda: nn.ModuleList([Layer(), Layer()])         # noqa: E731
+        scaler = lambda: nn.Sequential(nn.LayerNorm(WIDTH, elementwise_affine=False),  # noqa
+                                       nn.Linear(WIDTH, WIDTH))
+        self.embedding = nn.Linear(WIDTH, WIDTH)
+        self.down_blocks = nn.ModuleList([pair(), pair()])
+        self.down_downscalers = nn.ModuleList([nn.Identity(), scaler()])
+        self.down_repeat_mappers = nn.ModuleList([nn.ModuleList(),
+                                                  nn.ModuleList([nn.Linear(WIDTH, WIDTH)])])
+        self.up_blocks = nn.ModuleList([pair(), pair()])
+        self.up_upscalers = nn.ModuleList([scaler(), nn.Identity()])
+        self.up_repeat_mappers = nn.ModuleList([nn.ModuleList([nn.Linear(WIDTH, WIDTH)]),
+                                                nn.ModuleList()])
+        self.clf = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        x = self.embedding(x)
+        levels = []
+        for blocks, downscaler, repmap in zip(self.down_blocks, self.down_downscalers,
+                                              self.down_repeat_mappers):
+            x = downscaler(x)
+            for i in range(len(repmap) + 1):
+                for block in blocks:
+                    x = block(x)
+                if i < len(repmap):
+                    x = repmap[i](x)
+            levels.insert(0, x)
+        x = levels[0]
+        for i, (blocks, upscaler, repmap) in enumerate(zip(self.up_blocks, self.up_upscalers,
+                                                          self.up_repeat_mappers)):
+            for j in range(len(repmap) + 1):
+                for k, block in enumerate(blocks):
+                    x = block(x, levels[i] if k == 0 and i > 0 else None)
+                if j < len(repmap):
+                    x = repmap[j](x)
+            x = upscaler(x)
+        return self.clf(x)
+
+
+def _ranged_plan(n_blocks: int, first_on_cuda1: int) -> Plan:
+    devices = [DevicePlan(d, "gpu", 256 << 20, 256 << 20, None) for d in ("cuda0", "cuda1")]
+    comp = ComponentPlan("diffusion", ["cuda0", "cuda1"], "cpu", split_mode="layer",
+                         blocks={"cuda0": [0, first_on_cuda1 - 1],
+                                 "cuda1": [first_on_cuda1, n_blocks - 1]})
+    return Plan(devices, {"diffusion": comp})
+
+
+def _split_at(model, first_on_cuda1, *args):
+    """(whether each of two forwards of a layer split over two simulated GPUs, the second
+    device running blocks first_on_cuda1.., equals the unplaced output; its stats; the
+    rehearsed working memory per device)."""
+    blocks = [b for _, b in find_blocks(model)]
+    owner = [0] * first_on_cuda1 + [1] * (len(blocks) - first_on_cuda1)
+    with torch.no_grad():
+        want = model(*args)
+        rehearsed = rehearse_split(model, args, {}, blocks, owner, 2)
+        with place(model, _ranged_plan(len(blocks), first_on_cuda1), "diffusion",
+                   Inventory.simulated("cuda0=256MiB,cuda1=256MiB")) as placed:
+            # each output compared as it comes: one kept alive through the next forward
+            # would be metered as that forward's working memory
+            equal = [torch.equal(model(*args), want) for _ in range(2)]
+            stats = placed.stats()
+    return equal, stats, rehearsed
+
+
+def _add_up(stats):
+    """The crossings' hops and bytes add up to the split's hops and hop_bytes."""
+    crossings = stats["crossings"]
+    assert sum(c["hops"] for c in crossings.values()) == stats["hops"], stats
+    assert sum(c["bytes"] for c in crossings.values()) == stats["hop_bytes"], stats
+
+
+def test_a_join_of_two_devices_outputs_crosses_to_one_device():
+    torch.manual_seed(0)
+    model = Refiners().eval()
+    names = [n for n, _ in find_blocks(model)]
+    assert names[:2] == ["noise_refiner.0", "noise_refiner.1"]      # found before it runs
+    x, cap = torch.randn(BATCH, IMG, WIDTH), torch.randn(BATCH, CAP, WIDTH)
+    # cuda1 from context_refiner.1 on: the context refiner ends on cuda1, the noise
+    # refiner runs on cuda0, and the parent concatenates their outputs
+    equal, stats, rehearsed = _split_at(model, 3, x, cap)
+    assert stats["device_check"] == "on" and stats["ranges"] == {"cuda0": [0, 2],
+                                                                  "cuda1": [3, 5]}
+    assert equal == [True, True]
+    row = 4 * BATCH * WIDTH                                          # one token's bytes
+    # per forward: the caption into context_refiner.1 (cuda1), the noise refiner's output
+    # to the caption's device by the join, the last layer's output back to cuda0
+    assert stats["crossings"]["joins"] == {"hops": 2, "bytes": 2 * IMG * row}, stats
+    assert stats["crossings"]["boundaries"] == {
+        "hops": 4, "bytes": 2 * (CAP + (CAP + IMG)) * row}, stats
+    assert stats["hops"] == 6 and "non_block_modules" not in stats["crossings"], stats
+    assert stats["joins_watched"] is True       # a join crossed: its mode stays on
+    _add_up(stats)
+    metered = [stats["devices"][d]["working_peak_bytes"] for d in ("cuda0", "cuda1")]
+    assert metered == rehearsed and min(metered) > 0
+
+
+def test_non_block_modules_between_levels_get_their_arguments_on_the_main_device():
+    torch.manual_seed(0)
+    model = Levels().eval()
+    assert len(find_blocks(model)) == 8                  # the levels' layers are the blocks
+    x = torch.randn(BATCH, IMG, WIDTH)
+    # cuda1 from down_blocks.1.1 on: the down level's repeat mapper, the upscaler and the
+    # final layer (cuda0's weights) read what a layer on cuda1 made
+    equal, stats, rehearsed = _split_at(model, 3, x)
+    assert stats["device_check"] == "on"
+    assert equal == [True, True]
+    home = stats["crossings"]["non_block_modules"]
+    # per forward: the repeat mapper of down level 1, the repeat mapper and the upscaler
+    # of up level 0 (the final layer gets the last block's output, already back on cuda0)
+    assert home == {"hops": 2 * 3, "bytes": 2 * 3 * 4 * BATCH * IMG * WIDTH}, stats
+    # no join crossed in the first forward: the second ran without the joins' mode
+    assert "joins" not in stats["crossings"] and stats["joins_watched"] is False, stats
+    _add_up(stats)
+    metered = [stats["devices"][d]["working_peak_bytes"] for d in ("cuda0", "cuda1")]
+    assert metered == rehearsed and min(metered) > 0
+
+
+def test_without_the_crossings_the_simulated_device_refuses_both(monkeypatch):
+    """What the two tests above need is what a GPU refuses: with the crossings taken out
+    the simulated device raises its device mismatch, naming both devices."""
+    from comfyui_placement.runtime import stages
+    from comfyui_placement.runtime.simcheck import DeviceMismatch
+    monkeypatch.setattr(stages.StagedEngine, "_joins", lambda self: None)
+    monkeypatch.setattr(stages, "home_modules", lambda *a, **k: [])
+    torch.manual_seed(0)
+    for model, args in ((Refiners().eval(), (torch.randn(BATCH, IMG, WIDTH),
+                                             torch.randn(BATCH, CAP, WIDTH))),
+                        (Levels().eval(), (torch.randn(BATCH, IMG, WIDTH),))):
+        with pytest.raises(DeviceMismatch, match=r"two devices, (cuda0 and cuda1|cuda1 and "
+                                                 r"cuda0)"):
+            _split_at(model, 3, *args)
+
+
+def test_the_crossings_hooks_leave_with_the_placement():
+    model = Levels().eval()
+    hooks = [(len(m._forward_pre_hooks), len(m._forward_hooks)) for m in model.modules()]
+    _split_at(model, 3, torch.randn(BATCH, IMG, WIDTH))
+    assert hooks == [(len(m._forward_pre_hooks), len(m._forward_hooks))
+                     for m in model.modules()]
+    assert "forward" not in model.__dict__

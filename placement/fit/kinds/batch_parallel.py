@@ -32,18 +32,26 @@ def share_items(ctx, c: str, devs: List[int]) -> List[int]:
 
 
 def share_headroom(ctx, c: str, items: int) -> int:
-    """Working memory of a forward over `items` of the batch: the metadata's estimate is
-    a workspace plus activations in proportion to the batch; a fixed reserve or a given
-    headroom is kept whole (nothing says what part of it scales)."""
+    """Working memory of a forward over `items` of the batch: the metadata's estimate (or
+    the first call's rehearsal, nodes/planning.with_rehearsal) is the devices' kernel
+    workspace plus activations in proportion to the batch; a fixed reserve or a given
+    headroom is kept whole (nothing says what part of it scales). The workspace is the
+    inventory's (ctx.workspace, which resolve.with_workspace also put in the estimate: 0
+    on a simulated device with @workspace=0), not always the planner's default: against
+    the default, every estimate under 256 MiB was kept whole, each device reserving the
+    whole batch's activations for its share (issue 29 item 3: a two-way batch parallel
+    measured 0.70 of its plan)."""
     geo, w = ctx.geos[c], ctx.work[c]
     hr = geo.headroom
     est = getattr(geo.info, "headroom_bytes", None)
     if est is None or int(est) != hr or w.items <= 1 or items >= w.items:
         return hr
     from ...metadata.headroom import WORKSPACE
-    if hr <= WORKSPACE:
+    workspace = getattr(ctx, "workspace", None)
+    workspace = WORKSPACE if workspace is None else max(0, int(workspace))
+    if hr <= workspace:
         return hr
-    return WORKSPACE + -(-(hr - WORKSPACE) * items // w.items)
+    return workspace + -(-(hr - workspace) * items // w.items)
 
 
 class BatchParallel(Kind):
