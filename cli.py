@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "default off, see README 'Auto-fit')")
     for flag, text in (
             ("stream-layers", "stream the diffusion model's and text encoders' blocks onto "
-                              "the GPU (weights rest in RAM); with --max-vram the first "
-                              "blocks that fit the budget stay resident"),
+                              "the GPU (weights rest in RAM); the diffusion model's first "
+                              "blocks stay resident: as many as the free memory holds, or "
+                              "--max-vram's budget"),
             ("offload-to-cpu", "rest every component's weights in RAM (params *=cpu; "
                                "explicit entries still win)"),
             ("clip-on-cpu", "text encoders compute on the CPU (backend te=cpu)"),

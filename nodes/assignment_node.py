@@ -35,10 +35,11 @@ TIPS = {
                   "module), as a default or per module. Example: layer,te=row or "
                   "diffusion=batch or diffusion=pipeline",
     "stream_layers": "Stream blocks of the diffusion model and text encoders onto the GPU "
-                     "(weights rest on cpu). With max_vram, the first blocks that fit the "
-                     "budget beside the ring and the working memory stay resident (fewer "
-                     "copies per step); without one, every block streams (a layer split "
-                     "keeps what each device's free memory holds).",
+                     "(weights rest on cpu). The diffusion model's first blocks stay "
+                     "resident (fewer copies per step): without max_vram as many as the "
+                     "GPU's free memory holds beside the ring, the working memory and a "
+                     "margin; with max_vram as many as that budget holds, leaving the rest "
+                     "of the card to other programs. Text encoders stream every block.",
     "auto_fit": "Let the planner decide what you left unset to fit every device's budget.",
     "offload_mode": "Offload preset for auto_fit: auto, none, model, balanced, sequential.",
     "lora_mode": "How LoRA patches apply. auto: at runtime on each arriving block when the "

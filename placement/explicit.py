@@ -9,6 +9,7 @@ or inside ComfyUI what its first call rehearsed). Where what must sit on a devic
 that working memory cannot fit, the plan is refused here in one line: what, where, by
 how much, and one change that fixes it. A run never finds out by running out of memory.
 """
+import dataclasses
 from typing import Dict, List, Optional
 
 from .components import COMPONENTS, PHASES
@@ -122,6 +123,7 @@ def _explicit_plan(request, inventory: Inventory, infos, unknown=frozenset()) ->
                             f"so it runs as a plain layer split")
         _sizes(cp, info, by_name)
         comps[comp] = cp
+    _fill_the_room(comps, infos, by_name, request)
     refuse_what_the_runtime_refuses(devices, comps, infos)
     phases = _account(devices, comps, infos, warnings)
     plan = Plan(devices, comps, warnings)
@@ -184,6 +186,48 @@ def _streaming(cp: ComponentPlan, request, by_name, info) -> None:
     cp.reasons.append(f"streamed on {cp.main_device}: first {resident} blocks resident, "
                       f"prefetch depth {depth}" + ("" if budget is not None or not resident
                                                    else " (no budget set)"))
+
+
+def _fill_the_room(comps: Dict[str, ComponentPlan], infos, by_name, request) -> None:
+    """stream_layers with no budget on the diffusion model's devices: its resident prefix
+    fills the device's room (free memory less the margin) less its working memory and
+    what the other components of its phase hold there, so streaming alone uses the card
+    (batch parallel: the smallest such room, every device streams the same prefix). Only
+    the diffusion model: it runs every step, where a resident block saves a copy per
+    step; a text encoder runs once. A budget (or a layer split, which sizes each range's
+    prefix to its device) is left as sized; so is a working memory still to be measured
+    (the first call's re-plan fills it then)."""
+    cp, info = comps.get("diffusion"), infos.get("diffusion")
+    if (cp is None or info is None or not cp.present or cp.stream is None
+            or cp.parallel not in ("none", "batch") or (cp.is_split and cp.parallel != "batch")
+            or not info.blocks or cp.headroom_bytes is None):
+        return
+    devices = cp.runtime if cp.parallel == "batch" else [cp.main_device]
+    if any(request.budgets.get(d) is not None or by_name[d].kind == "cpu" for d in devices):
+        return
+    from .fit.geometry import Geometry
+    phase, depth = PHASES["diffusion"], cp.stream.prefetch_depth
+    neighbours = [o for o in comps.values() if o is not cp and o.present
+                  and infos.get(o.component) is not None and PHASES[o.component] == phase]
+    rooms, others = [], {}
+    for d in devices:
+        others[d] = sum(_held(o, infos[o.component], by_name).get(d, 0) for o in neighbours)
+        rooms.append(capacity(by_name[d]) - _work(cp, d) - others[d])
+    geo = Geometry(info, headroom=max(_work(cp, d) for d in devices))
+    k = geo.best_prefix(min(rooms), depth)
+    if k is None or k <= cp.stream.resident_blocks:
+        return
+    cp.stream = dataclasses.replace(cp.stream, resident_blocks=k)
+    _sizes(cp, info, by_name)
+    main = cp.main_device
+    where = main if len(devices) == 1 else f"each of {', '.join(devices)}"
+    with_others = f" and {format_bytes(max(others.values()))} of other {phase} components" \
+        if any(others.values()) else ""
+    cp.reasons = [r for r in cp.reasons if not r.startswith(f"streamed on {main}: first ")]
+    cp.reasons.append(f"streamed on {main}: first {k} of {len(info.blocks)} blocks resident, "
+                      f"prefetch depth {depth} (no budget: they fill {where}'s free memory "
+                      f"less its margin, {format_bytes(_work(cp))} of working memory"
+                      f"{with_others}; set max_vram {main} to leave room for other programs)")
 
 
 def _split_ranges(cp: ComponentPlan, by_name, info) -> None:

@@ -86,10 +86,11 @@ class Placed(StagedEngine):
                 self._refuse(sum(sizes), room, "its weights")
             return len(sizes)
         k = self._planned_k(sizes)
-        if self.rehearsed is None or prefix_and_ring(sizes, k, depth) <= room:
+        if prefix_and_ring(sizes, k, depth) <= room:
             return k                    # the plan's (the ledger enforces the budget)
-        # the plan's prefix leaves the working memory too little room: the largest that
-        # fits (a ring alone not fitting is refused before anything is copied)
+        # the plan's prefix leaves the working memory (rehearsed, or given by the caller,
+        # or the device's free memory now) too little room: the largest that fits (a ring
+        # alone not fitting is refused before anything is copied)
         fits = resident_prefix(sizes, room, depth)
         if fits is None:
             self._refuse(ring_bytes(sizes, depth), room, "its streaming ring")
@@ -110,8 +111,14 @@ class Placed(StagedEngine):
             f"beside {format_bytes(nonblock)} of non-block weights and "
             f"{rehearsal_words(self, 0)}, but its capacity is "
             f"{format_bytes(self.target.ledger.capacity)}, short by {format_bytes(short)}; "
-            f"raise max_vram {self.device.name}, stream its blocks (stream_layers), or run "
-            f"smaller inputs")
+            f"{self._more_room()}, stream its blocks (stream_layers), or run smaller inputs")
+
+    def _more_room(self) -> str:
+        """The change that gives the device more room: a budget is raised; without one
+        the capacity is the device's free memory, which a budget cannot raise."""
+        if self.budgets and self.budgets[0][0] is not None:
+            return f"raise max_vram {self.device.name}"
+        return f"free memory on {self.device.name} (other programs or models hold it)"
 
     def _planned_k(self, sizes: List[int]) -> int:
         # the plan's prefix (the ledger enforces the budget); where auto-fit gave this

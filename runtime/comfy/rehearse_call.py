@@ -17,8 +17,9 @@ are left out: they belong to the real run.
 """
 import collections
 import contextlib
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 import weakref
 
@@ -214,14 +215,53 @@ def plan_split(plan, component: str = "diffusion"):
     return ({d: list(r) for d, r in cp.blocks.items()}, list(cp.runtime))
 
 
-def try_rehearse(base, args, kwargs, split=None, batch=None
+def try_rehearse(base, args, kwargs, split=None, batch=None, patcher=None
                  ) -> Tuple[Optional[Rehearsal], str]:
-    """(rehearsal, "") or (None, why not) in one line."""
+    """(rehearsal, "") or (None, why not) in one line. `patcher`: the ModelPatcher whose
+    weight patches apply while its layers compute (lora_patch_bytes, added on top)."""
     try:
-        return rehearse_call(base, args, kwargs, split, batch), ""
+        got = rehearse_call(base, args, kwargs, split, batch)
     except Exception as exc:          # a forward that cannot run weightless: say why
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return None, f"{type(exc).__name__}: {first}"
+    extra = lora_patch_bytes(patcher) if patcher is not None else 0
+    if extra:
+        logging.getLogger(__name__).info(
+            "placement: working memory rehearsed %d bytes, plus %d for the LoRA patches "
+            "applied as layers compute", got.working_bytes, extra)
+        got = replace(got, working_bytes=got.working_bytes + extra,
+                      per_device=tuple((d, b + extra) for d, b in got.per_device))
+    return got, ""
+
+
+# a patched weight's temporaries while its layer computes: the copy the cast op makes to
+# patch (comfy/ops.py cast_bias_weight, copy=True), the LoRA product up @ down and its
+# scaled copy (comfy/weight_adapter/lora.py), each of the weight's size in the compute
+# dtype (measured: ComfyUI's own estimate, two, fell short by one on SDXL's GEGLU)
+PATCH_TEMPORARIES = 3
+
+
+def lora_patch_bytes(patcher) -> int:
+    """The working memory a patched layer adds while it computes: ComfyUI applies its
+    LoRA (weight) patches to a temporary copy of the weight in its weight functions, which
+    the meta rehearsal does not run. PATCH_TEMPORARIES copies of the weight in the
+    compute dtype plus the patch's tensors brought to the device, for the largest patched
+    weight (layers compute one at a time)."""
+    patches = getattr(patcher, "patches", None) or {}
+    if not patches:
+        return 0
+    import comfy.model_patcher as mp
+    model = patcher.model
+    most = 0
+    for key in patches:
+        weight = mp.get_key_weight(model, key)[0]
+        if weight is None:
+            continue
+        dtype = getattr(model, "manual_cast_dtype", None) or weight.dtype
+        need = weight.numel() * dtype.itemsize * PATCH_TEMPORARIES
+        need += mp.LowVramPatch(key, patches).memory_required()
+        most = max(most, int(need))
+    return most
 
 
 # -- calls outside the sampler: text encoders and VAEs (engine_calls.py) -----------------

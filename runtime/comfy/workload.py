@@ -212,10 +212,14 @@ def _latent_size(prompt: dict, sampler: dict):
 
 # -- sampling time ---------------------------------------------------------------------
 def placement_key(plan: Plan, component: str) -> str:
-    """What a component's placement is, without the reasons (they quote the workload)."""
+    """What a component's placement is, without the reasons (they quote the workload)
+    or how many streamed blocks stay resident: the engine session lays its blocks out
+    when it opens, from the plan it is handed (_hand_plan), so a prefix sized again for
+    the rehearsed working memory runs in the same session."""
     c = plan.to_dict()["components"].get(component, {})
-    return json.dumps({k: c.get(k) for k in ("runtime", "params", "split_mode", "stream",
-                                             "blocks", "lora")}, sort_keys=True)
+    key = {k: c.get(k) for k in ("runtime", "params", "split_mode", "blocks", "lora")}
+    key["streamed"] = c.get("stream") is not None
+    return json.dumps(key, sort_keys=True)
 
 
 class SamplingReplanner:
@@ -244,6 +248,7 @@ class SamplingReplanner:
         self.rehearsals: Dict[Workload, "Rehearsal"] = {}
         self.unrehearsable: Dict[Workload, str] = {}     # workload -> why not
         self._guider = None              # the run's guider (its MODEL's engine session)
+        self._run_patcher = None         # the MODEL the run samples with (its LoRA patches)
 
     # ComfyUI copies attachments into clones with this hook: one replanner per node output.
     def on_model_patcher_clone(self):
@@ -272,6 +277,7 @@ class SamplingReplanner:
 
     def outer_sample(self, executor, noise, latent_image, sampler, sigmas, *args, **kwargs):
         guider = executor.class_obj
+        self._run_patcher = guider.model_patcher
         workload = self.known(from_sampling(guider, noise, sigmas))
         plan = self.plan_for(workload)
         self.runs += 1
@@ -309,7 +315,7 @@ class SamplingReplanner:
         where the new plan places the diffusion model otherwise."""
         from .rehearse_call import plan_split, try_rehearse
         got, why = try_rehearse(base, args, kwargs, plan_split(plan),
-                                workload.batch * workload.cond_batch)
+                                workload.batch * workload.cond_batch, self._patcher())
         if got is None:
             self.unrehearsable[workload] = why
             log.warning("placement: the working memory of this run could not be "
@@ -351,7 +357,7 @@ class SamplingReplanner:
             if again is None or again == split:
                 return got, known, new
             more, _ = try_rehearse(base, args, kwargs, again,
-                                   workload.batch * workload.cond_batch)
+                                   workload.batch * workload.cond_batch, self._patcher())
             if more is None or not more.per_device:
                 break
             split, got = again, more
@@ -370,6 +376,10 @@ class SamplingReplanner:
             known = self.known(workload)
             new = self.plans[workload] = self.replan(known, self.plan0)
         return got, known, new
+
+    def _patcher(self):
+        """The ModelPatcher this run samples with (its LoRA patches apply as it computes)."""
+        return self._run_patcher
 
     def _hand_plan(self, plan: Plan) -> None:
         """The node's placed MODEL samples this run (the same placement): its engine

@@ -6,8 +6,9 @@ Every test runs in both renderers (classic LiteGraph canvas, Vue "Nodes 2.0") an
 frontends: the one ComfyUI pins (comfyui-frontend-package from its requirements) and the
 newest 1.58.x from the package registry, downloaded once into a cache
 ($PLACEMENT_FRONTEND_CACHE, default ~/.cache/comfyui-placement/frontend) and served with
---front-end-root. test_editor.py runs all four combinations; the other files run two
-(pinned + classic, newest + Nodes 2.0), which cover each frontend and each renderer.
+--front-end-root. The tests a module names in ALL_FOUR (test_editor.py: what is drawn on
+the canvas) run all four combinations; the others run two (pinned + classic, newest +
+Nodes 2.0), which cover each frontend and each renderer.
 
 Like the integration tests they skip only on a developer's machine without ComfyUI,
 Playwright or Chromium; with COMFYUI_PLACEMENT_REQUIRE_COMFYUI=1 (CI) a missing piece is
@@ -65,7 +66,11 @@ def pytest_collection_modifyitems(config, items):
 def pytest_generate_tests(metafunc):
     if "server" not in metafunc.fixturenames:
         return
-    combos = MATRIX if metafunc.module.__name__.endswith("test_editor") else TWO
+    # a module names the tests that run in all four combinations (what each renderer
+    # draws differently on each frontend); the rest run in two, which still cover each
+    # frontend and each renderer once
+    combos = MATRIX if metafunc.function.__name__ in getattr(metafunc.module, "ALL_FOUR", ()) \
+        else TWO
     if "renderer" not in metafunc.fixturenames:        # a server alone: each frontend once
         fronts = list(dict.fromkeys(f for f, _ in combos))
         metafunc.parametrize("frontend", fronts, indirect=True, scope="session", ids=fronts)
@@ -77,8 +82,16 @@ def pytest_generate_tests(metafunc):
 def newest_frontend_root() -> Path:
     """The static folder of the newest 1.58.x frontend wheel, downloaded once (pip) and
     unpacked into the cache."""
-    import zipfile
+    import fcntl
     FRONTEND_CACHE.mkdir(parents=True, exist_ok=True)
+    # CI runs two browser suites at once: one downloads and unpacks, the other waits
+    with open(FRONTEND_CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _newest_frontend_unpacked()
+
+
+def _newest_frontend_unpacked() -> Path:
+    import zipfile
     wheels = sorted(FRONTEND_CACHE.glob("comfyui_frontend_package-1.58.*.whl"))
     if not wheels:
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",

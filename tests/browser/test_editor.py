@@ -16,6 +16,13 @@ from browser_support import get_json  # noqa: E402
 # connect"; without it the pool says "no shared secret" before it tries to connect.
 os.environ.setdefault("COMFYUI_PLACEMENT_SECRET", "placement-browser-tests")
 
+# drawn on the canvas, which each renderer does its own way on each frontend: all four
+# combinations (tests/browser/conftest.py); the rest run in two
+ALL_FOUR = {"test_device_picker_writes_the_grammar",
+            "test_fallback_is_one_toast_and_a_marked_node",
+            "test_auto_fit_plan_is_drawn_per_device_and_phase",
+            "test_measured_figures_appear_after_a_run_and_agree_with_the_log"}
+
 BASE_INPUTS = {"backend": "", "params_backend": "", "max_vram": "", "split_mode": "",
                "stream_layers": False, "auto_fit": False, "offload_mode": "auto",
                "offload_to_cpu": False, "clip_on_cpu": False, "vae_on_cpu": False,

@@ -819,10 +819,33 @@ async def planned_on(executor, tag, devices, **kw):
 
 async def sized_inventory(executor, tag, devices, slack=256 * 1024, **kw):
     """Equal simulated `devices` just big enough for what the plan of pipeline(**kw)
-    holds on the busiest of them (plus `slack`); (inventory, plan on roomy devices)."""
+    holds on the busiest of them (plus `slack`), streaming every block where it streams;
+    (inventory, plan on roomy devices)."""
     planned, plan = await planned_on(executor, tag, devices, **kw)
-    size = device_size(max(planned.values()) + slack)
+    extra = resident_prefix_bytes(plan, kw.get("unet", "tiny_flux.safetensors"))
+    busiest = max(max([phases.get("sample", 0) - extra,
+                       *(b for p, b in phases.items() if p != "sample")])
+                  for d, phases in plan["device_phases"].items() if d in devices) \
+        if extra else max(planned.values())
+    size = device_size(busiest + slack)
     return simulated({d: size for d in devices}), plan
+
+
+def resident_prefix_bytes(plan, unet) -> int:
+    """What the streamed diffusion model's resident prefix adds beyond streaming every
+    block: with no budget a plan keeps the blocks the device's room holds (on the roomy
+    devices, all but the last), and these tests size a device that holds none."""
+    from comfyui_placement.placement.layout import prefix_and_ring
+    from comfyui_placement.placement.metadata import describe_component
+    cp = plan["components"]["diffusion"]
+    stream = cp.get("stream") or {}
+    k = stream.get("resident_blocks") or 0
+    if not k or stream.get("per_device"):
+        return 0
+    info = describe_component("diffusion", os.path.join(ARGS.work, "models",
+                                                        "diffusion_models", unet))
+    sizes, depth = [b.nbytes for b in info.blocks], stream["prefetch_depth"]
+    return prefix_and_ring(sizes, k, depth) - prefix_and_ring(sizes, 0, depth)
 
 
 def working_memory(plan, component="diffusion") -> int:

@@ -826,6 +826,7 @@ def way_facts(tag):
             "working_memory": stats.get("working_memory"),
             "mode": stats.get("mode") or stats.get("split_mode"),
             "streamed_blocks": stats.get("streamed_blocks"),
+            "resident_blocks": stats.get("resident_blocks"),
             "device_check": stats.get("device_check"),
             "entered_by_units": stats.get("blocks_entered_by_units"),
             "sharded_linears": stats.get("sharded_linears"),

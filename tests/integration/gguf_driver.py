@@ -77,8 +77,9 @@ class PlacementTestForwardBytes:
 
 
 class PlacementTestSkipArrival:
-    """A clone of MODEL whose double block `index` runs with no hook on it or on any
-    module inside it, as a loop calling a block's own code would: it never arrives."""
+    """A clone of MODEL whose single block `index` runs with no hook on it or on any
+    module inside it, as a loop calling a block's own code would: it never arrives.
+    (A single block: the last ones stream whatever prefix the free memory keeps.)"""
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"model": ("MODEL",), "index": ("INT", {"default": 1})}}
@@ -90,7 +91,7 @@ class PlacementTestSkipArrival:
         session = model.get_attachment("placement")
 
         def block(args, extra):
-            blk = session.placed.module.double_blocks[index]       # the network placed
+            blk = session.placed.module.single_blocks[index]       # the network placed
             saved = [(m, m._forward_pre_hooks, m._forward_hooks) for m in blk.modules()]
             for m, _, _ in saved:
                 m._forward_pre_hooks = collections.OrderedDict()
@@ -101,7 +102,7 @@ class PlacementTestSkipArrival:
                 for m, pre, post in saved:
                     m._forward_pre_hooks, m._forward_hooks = pre, post
         m = model.clone()
-        m.set_model_patch_replace(block, "dit", "double_block", index)
+        m.set_model_patch_replace(block, "dit", "single_block", index)
         return (m,)
 
 
@@ -164,6 +165,12 @@ def build_gguf_files(work):
         out[dst] = {"types": table.types(), "bytes": sum(t.nbytes for t in table),
                     "float32_bytes": sum(v.numel() * 4 for v in sd.values()),
                     "block_bytes": sum(t.nbytes for t in table if "blocks." in t.name),
+                    # each block's bytes in the engine's order (double, then single)
+                    "per_block": [sum(t.nbytes for t in table
+                                      if t.name.startswith(f"{kind}.{i}."))
+                                  for kind in ("double_blocks", "single_blocks")
+                                  for i in range(len({t.name.split(".")[1] for t in table
+                                                      if t.name.startswith(kind + ".")}))],
                     "quantized": sum(1 for k in written.values() if k != "F32")}
         table.close()
     return out
@@ -247,7 +254,8 @@ async def scenarios(executor, q8, wide):
             await run(executor, tag, gguf_pipeline(
                 q8, params_backend=f"diffusion={residency}", lora=where, tag=tag,
                 keep_placed=True, **base), "lora_reference")
-        # double block 1 never arrives: a GPU refuses its weights, so must the check
+        # single block 1 (the last) never arrives: a GPU refuses its weights, so must
+        # the check
         await run(executor, "skip_arrival", gguf_pipeline(
             q8, params_backend="diffusion=cpu", tag="skip_arrival", skip_arrival=1, **base))
     finally:

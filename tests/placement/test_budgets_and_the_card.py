@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from helpers.flux_models import write_flux_pipeline
+from helpers.flux_models import flux_components, write_flux_pipeline
 
 from comfyui_placement.placement import Inventory, PlacementError, PlacementSpec, plan
 from comfyui_placement.placement.metadata import describe_component
@@ -109,3 +109,38 @@ def test_an_estimate_a_run_measures_first_is_no_reason_to_refuse(files):
     small = Inventory.simulated(f"cuda0={(least - 64 * MiB) // MiB}MiB,cpu=64GiB")
     with pytest.raises(PlacementError):
         plan(spec, small, {"diffusion": later})
+
+
+def test_streaming_alone_uses_the_card(files):
+    """stream_layers without max_vram: the resident prefix fills cuda0's room (its free
+    memory less the margin) less the working memory, the ring and any other component of
+    the sampling phase there; unused room is less than one more block would need."""
+    from comfyui_placement.placement.layout import prefix_and_ring
+    info = describe_component("diffusion", files["flux"])
+    sizes = [b.nbytes for b in info.blocks]
+    for spec in ({}, {"max_vram": "cuda0=0"}):          # 0 = no budget, same as unset
+        p = flux(files, "cuda0=8GiB,cpu=64GiB", backend="diffusion=cuda0",
+                 stream_layers=True, **spec)
+        cp, cuda0 = p.components["diffusion"], p.device("cuda0")
+        k, depth = cp.stream.resident_blocks, cp.stream.prefetch_depth
+        assert 0 < k < len(sizes)
+        room = cuda0.room_bytes - cp.headroom_bytes - info.non_block_bytes
+        used = prefix_and_ring(sizes, k, depth)
+        assert used <= room and (room - used) < 0.10 * room
+        assert prefix_and_ring(sizes, k + 1, depth) > room      # the largest that fits
+        assert cuda0.planned_bytes <= cuda0.room_bytes
+        assert any(f"first {k} of {len(sizes)} blocks resident" in r and "no budget" in r
+                   for r in cp.reasons)
+    # a budget keeps the prefix inside it, leaving the rest of the card alone
+    budgeted = flux(files, "cuda0=8GiB,cpu=64GiB", backend="diffusion=cuda0",
+                    stream_layers=True, max_vram="cuda0=4")
+    assert budgeted.components["diffusion"].stream.resident_blocks < k
+    assert budgeted.device("cuda0").planned_bytes <= 4 * GiB
+    # a text encoder streamed beside it keeps every block streaming (it runs once)
+    whole = plan(PlacementSpec(backend="cuda0,vae=cpu", stream_layers=True),
+                 Inventory.simulated("cuda0=8GiB,cpu=64GiB"), flux_components(files),
+                 resolution=(1024, 1024))
+    assert whole.components["te"].stream.resident_blocks == 0
+    assert whole.components["diffusion"].stream.resident_blocks > 0
+    assert whole.device("cuda0").planned_bytes <= whole.device("cuda0").room_bytes
+
