@@ -315,7 +315,7 @@ class SamplingReplanner:
         where the new plan places the diffusion model otherwise."""
         from .rehearse_call import plan_split, try_rehearse
         got, why = try_rehearse(base, args, kwargs, plan_split(plan),
-                                workload.batch * workload.cond_batch, self._patcher())
+                                workload.batch * workload.cond_batch, self._run_patcher)
         if got is None:
             self.unrehearsable[workload] = why
             log.warning("placement: the working memory of this run could not be "
@@ -357,7 +357,7 @@ class SamplingReplanner:
             if again is None or again == split:
                 return got, known, new
             more, _ = try_rehearse(base, args, kwargs, again,
-                                   workload.batch * workload.cond_batch, self._patcher())
+                                   workload.batch * workload.cond_batch, self._run_patcher)
             if more is None or not more.per_device:
                 break
             split, got = again, more
@@ -376,10 +376,6 @@ class SamplingReplanner:
             known = self.known(workload)
             new = self.plans[workload] = self.replan(known, self.plan0)
         return got, known, new
-
-    def _patcher(self):
-        """The ModelPatcher this run samples with (its LoRA patches apply as it computes)."""
-        return self._run_patcher
 
     def _hand_plan(self, plan: Plan) -> None:
         """The node's placed MODEL samples this run (the same placement): its engine
