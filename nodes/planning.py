@@ -45,6 +45,22 @@ def torch_module(obj):
     return getattr(module, "diffusion_model", module)
 
 
+# torch dtypes as the tensor tables name them (placement/metadata/tensors.py)
+DTYPE_NAMES = {"torch.float32": "f32", "torch.float64": "f64", "torch.float16": "f16",
+               "torch.bfloat16": "bf16"}
+
+
+def compute_dtype(obj):
+    """The dtype a ComfyUI object computes in where its weights are stored in another:
+    ComfyUI's manual cast (bf16 weights computed in float32 on a CPU, or in float16 on a
+    GPU without bf16). None: its weights' own."""
+    patcher = getattr(obj, "patcher", None) or getattr(obj, "control_model_wrapped", None)
+    if patcher is None and hasattr(obj, "model_size") and hasattr(obj, "model"):
+        patcher = obj
+    model = getattr(patcher, "model", None) if patcher is not None else None
+    return DTYPE_NAMES.get(str(getattr(model, "manual_cast_dtype", None)))
+
+
 def describe_object(component: str, obj, workload=None) -> ComponentInfo:
     # detectors (runtime/detector.Detectors) hold one model or a BBOX/SEGM pair's two
     modules = obj.modules() if component == "detector" else [torch_module(obj)]
@@ -52,7 +68,8 @@ def describe_object(component: str, obj, workload=None) -> ComponentInfo:
     size = {} if workload is None else {"resolution": tuple(workload.resolution),
                                         "frames": workload.frames, "batch": workload.batch}
     try:
-        info = describe_component(component, modules, **size)
+        info = describe_component(component, modules, **size,
+                                  compute_dtype=compute_dtype(obj))
         if component == "diffusion" and getattr(workload, "rehearsed_bytes", None) is not None:
             return with_rehearsal(info, workload.rehearsed_bytes,
                                   getattr(workload, "rehearsed_per_device", ()),

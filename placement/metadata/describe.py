@@ -25,19 +25,23 @@ Headroom = Union[None, int, str, Mapping[str, Union[int, str]]]
 
 
 def describe(source, component: Optional[str] = None, *, resolution=(1024, 1024),
-             frames: int = 1, batch: int = 1, headroom: Headroom = None) -> List[ComponentInfo]:
+             frames: int = 1, batch: int = 1, headroom: Headroom = None,
+             compute_dtype: Optional[str] = None) -> List[ComponentInfo]:
     """One ComponentInfo per component in `source` (a checkpoint holds several).
     `component` names what the caller expects (te=PATH): it picks that part of a
     checkpoint and wins over the keys when they are ambiguous. `headroom` overrides the
-    estimate: bytes or '2GiB' for every component, or {component: bytes}."""
+    estimate: bytes or '2GiB' for every component, or {component: bytes}.
+    `compute_dtype` ("f32", "bf16", ...): the dtype the model computes in where it is
+    not its weights' (ComfyUI's manual cast: bf16 weights computed in float32 on a CPU);
+    its activations are sized in it."""
     shape = latent_shape(resolution, frames, batch)
     expected = canonical_component(component) if component is not None else None
     if isinstance(source, ComponentInfo):
         return [source]
-    key = _file_key(source, (expected, shape, repr(headroom)))
+    key = _file_key(source, (expected, shape, repr(headroom), compute_dtype))
     if key is not None and key in _DESCRIBED:
         return list(_DESCRIBED[key])
-    infos = _describe_source(source, expected, shape, headroom)
+    infos = _describe_source(source, expected, shape, headroom, compute_dtype)
     if key is not None:
         if len(_DESCRIBED) >= _HEADERS_MAX:
             _DESCRIBED.pop(next(iter(_DESCRIBED)))
@@ -60,7 +64,8 @@ def _file_key(source, extra):
                   for p, st in zip(paths, stats)), isinstance(source, Shards)) + extra
 
 
-def _describe_source(source, expected, shape, headroom) -> List[ComponentInfo]:
+def _describe_source(source, expected, shape, headroom, compute_dtype=None
+                     ) -> List[ComponentInfo]:
     tensors, label = read_source(source)
     parts, leftover, tops = split_checkpoint(tensors)
     if expected is not None and parts[0].component is not None:
@@ -69,7 +74,8 @@ def _describe_source(source, expected, shape, headroom) -> List[ComponentInfo]:
         if not parts:
             raise PlacementError(f"{label} holds {', '.join(held)}; it has no {expected}")
     paths = tuple(source) if isinstance(source, Shards) else (label,)
-    infos = [_describe_part(p, expected, label, shape, headroom, tops, paths) for p in parts]
+    infos = [_describe_part(p, expected, label, shape, headroom, tops, paths, compute_dtype)
+             for p in parts]
     nbytes = sum(t.nbytes for t in leftover)
     if nbytes >= LEFTOVER_NOTE_BYTES and expected is None:
         note = (f"{label}: {len(leftover)} tensors ({format_bytes(nbytes)}) outside the "
@@ -79,7 +85,8 @@ def _describe_source(source, expected, shape, headroom) -> List[ComponentInfo]:
 
 
 def describe_component(component: str, sources, *, resolution=(1024, 1024), frames: int = 1,
-                       batch: int = 1, headroom: Headroom = None) -> ComponentInfo:
+                       batch: int = 1, headroom: Headroom = None,
+                       compute_dtype: Optional[str] = None) -> ComponentInfo:
     """One component from one or several sources (Flux's te: CLIP-L and T5-XXL files).
     Several sources are merged: blocks concatenated in the order given, bytes summed,
     headroom the largest (the encoders run one after another)."""
@@ -100,7 +107,7 @@ def describe_component(component: str, sources, *, resolution=(1024, 1024), fram
     infos = []
     for src in group_shards(sources):
         found = describe(src, comp, resolution=resolution, frames=frames, batch=batch,
-                         headroom=headroom)
+                         headroom=headroom, compute_dtype=compute_dtype)
         for info in found:
             if info.component != comp:
                 raise PlacementError(f"a ComponentInfo for {info.component} was given as {comp}")
@@ -261,7 +268,8 @@ def _override(headroom: Headroom, component: str) -> Optional[int]:
 
 # -- one component ---------------------------------------------------------------------
 def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.LatentShape,
-                   headroom: Headroom, tops=None, paths=None) -> ComponentInfo:
+                   headroom: Headroom, tops=None, paths=None, compute_dtype=None
+                   ) -> ComponentInfo:
     tensors = part.tensors
     rec = recognise(tensors, expected or part.component, tops)
     component = expected or part.component or rec.component
@@ -303,7 +311,10 @@ def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.La
     if room is not None:
         basis = "given"
     else:
-        room, basis = _estimate(component, arch, rec.family, dims, shape, activation_bytes(dtype))
+        act = activation_bytes(compute_dtype or dtype)
+        room, basis = _estimate(component, arch, rec.family, dims, shape, act)
+        if compute_dtype and activation_bytes(dtype) != act:
+            basis = f"{basis} (computed in {compute_dtype}, its weights {dtype})"
         workspace = 0 if basis.startswith(hr.FIXED) else hr.WORKSPACE
         scratch = dequant_scratch_bytes(tensors, activation_bytes(dtype))
         if scratch:

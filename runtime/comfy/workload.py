@@ -174,9 +174,19 @@ def from_prompt(prompt: Optional[dict], node_id, latent_shape=None, ratios=(8, 1
     return Workload(base.resolution, base.frames, base.batch, steps, cond, source)
 
 
+# nodes that hand one of their inputs on as their output 0 (the model among them):
+# ComfyUI's switch (the templates choose LoRA or not with it); a Reroute passes any
+PASS_ON = {"ComfySwitchNode": ("on_true", "on_false")}
+def _is_link_to(value, node_id: str, slot: int) -> bool:
+    return (isinstance(value, list) and len(value) == 2 and str(value[0]) == node_id
+            and value[1] == slot)
+
+
 def _sampler(prompt: dict, node_id: str) -> Optional[dict]:
     """The first sampler (a node with steps and latent_image) reached from this node's
-    output 0 through nodes that pass a MODEL along (input 'model')."""
+    MODEL output (0) through nodes that pass a model along (input 'model', or a switch
+    or reroute); else, for a node whose model is not connected, the sampler whose latent
+    its VAE output (2) decodes."""
     frontier, seen = [node_id], set()
     while frontier:
         src = frontier.pop(0)
@@ -185,24 +195,49 @@ def _sampler(prompt: dict, node_id: str) -> Optional[dict]:
         seen.add(src)
         for nid in sorted(prompt, key=str):
             node = prompt[nid]
-            link = (node.get("inputs") or {}).get("model")
-            if not (isinstance(link, list) and len(link) == 2 and str(link[0]) == src
-                    and link[1] == 0):
+            inputs = node.get("inputs") or {}
+            cls = node.get("class_type")
+            passed = inputs.values() if cls == "Reroute" else \
+                [inputs.get(n) for n in PASS_ON.get(cls, ("model",))]
+            if not any(_is_link_to(v, src, 0) for v in passed):
                 continue
-            if all(k in node.get("inputs", {}) for k in SAMPLER_INPUTS):
+            if all(k in inputs for k in SAMPLER_INPUTS):
                 return node
             frontier.append(str(nid))
+    return _sampler_decoded_by(prompt, node_id)
+
+
+def _sampler_decoded_by(prompt: dict, node_id: str) -> Optional[dict]:
+    """The sampler whose latent a VAE decode fed by this node's VAE output (2) reads
+    (directly, or through nodes that pass the latent on as 'samples')."""
+    for nid in sorted(prompt, key=str):
+        inputs = prompt[nid].get("inputs") or {}
+        if not _is_link_to(inputs.get("vae"), node_id, 2):
+            continue
+        link, hops = inputs.get("samples"), 0
+        while isinstance(link, list) and len(link) == 2 and hops < 8:
+            src = prompt.get(str(link[0])) or {}
+            src_inputs = src.get("inputs") or {}
+            if all(k in src_inputs for k in SAMPLER_INPUTS):
+                return src
+            link, hops = src_inputs.get("samples"), hops + 1
     return None
 
 
 def _latent_size(prompt: dict, sampler: dict):
+    """The size of the empty latent the sampler starts from: its latent_image, or up
+    through what handed that latent on (an earlier sampler of a two-stage pair)."""
     link = sampler.get("inputs", {}).get("latent_image")
-    if not (isinstance(link, list) and len(link) == 2):
-        return None
-    node = prompt.get(str(link[0])) or prompt.get(link[0])
-    inputs = (node or {}).get("inputs", {})
-    width, height = inputs.get("width"), inputs.get("height")
-    if not (isinstance(width, int) and isinstance(height, int)):
+    for _ in range(8):
+        if not (isinstance(link, list) and len(link) == 2):
+            return None
+        node = prompt.get(str(link[0])) or prompt.get(link[0])
+        inputs = (node or {}).get("inputs", {})
+        width, height = inputs.get("width"), inputs.get("height")
+        if isinstance(width, int) and isinstance(height, int):
+            break
+        link = inputs.get("latent_image", inputs.get("samples"))
+    else:
         return None
     batch = inputs.get("batch_size", 1)
     frames = inputs.get("length", 1)

@@ -200,7 +200,7 @@ class PipelinedSplit(LayerSplit):
         for t in threads:
             while t.is_alive():
                 try:
-                    t.join()
+                    t.join(0.05)    # wakes to see a signal (Windows, interrupt_main)
                 except BaseException as exc:        # an interrupt while waiting: stop all
                     interrupt = interrupt or exc
                     self._stop()

@@ -62,6 +62,9 @@ def parse_args():
                          "budgets forcing each of its choices: auto_fit_stream (one device), "
                          "auto_fit_split (two), auto_fit_row (two, where the blocks hold "
                          "Linears a row split shards); these may also be named in --ways")
+    ap.add_argument("--every-way", default="all",
+                    help="comma-separated families (or 'all') that run every way --ways "
+                         "names; the others leave out stream_disk and row (CORE_WAYS)")
     ap.add_argument("--lora", default="",
                     help="comma-separated families also run with a random LoRA (ComfyUI's "
                          "LoraLoaderModelOnly): unplaced, streamed and layer split")
@@ -415,6 +418,8 @@ async def run_family(executor, fam, models_dir):
     if ARGS.placed and rec["ok"]:
         rec["placed"] = await placed_run(executor, fam.key, json.loads(ARGS.placed))
     ways = list(WAYS) if ARGS.ways == "all" else [w for w in ARGS.ways.split(",") if w]
+    if ARGS.every_way != "all" and fam.key not in ARGS.every_way.split(","):
+        ways = [w for w in ways if w in CORE_WAYS or w not in WAYS]
     if fit_choices_for(fam.key):
         ways += [w for w in FIT_CHOICES if w not in ways]
     if ways and rec["ok"]:
@@ -527,6 +532,10 @@ WAYS = ("stream_cpu", "stream_disk", "layer", "row", "auto_fit")
 # (the same on HEAD before issue 29; 1e-5 for the others; the unsharded ways are equal)
 ROW_RTOL = {"svd": 2e-5}
 EXPLICIT = ("stream_cpu", "stream_disk", "layer", "row")
+# what every family runs when --every-way names others: streamed from host memory, layer
+# split, auto-fit (what is family-specific in streaming from the file and in the row
+# split, the file's key map and which Linears shard, the families named there cover)
+CORE_WAYS = ("stream_cpu", "layer", "auto_fit")
 AUTO_FIT_WORKSPACE = 320 << 20      # auto-fit reserves a GPU workspace of 256 MiB and more
 # the explicit ways' devices hold their weights and the working memory their plans keep,
 # inside the margin (placement/room.py). That working memory is the node-time plan's

@@ -97,3 +97,16 @@ def test_merge_modules_for_one_component():
     merged = describe_component("diffusion", [a, b])
     assert len(merged.blocks) == 4 and merged.arch == "flux"
     assert merged.total_bytes == describe(a)[0].total_bytes + describe(b)[0].total_bytes
+
+
+def test_activations_sized_in_the_dtype_the_model_computes_in():
+    """ComfyUI's manual cast computes bf16 weights in float32 (on a CPU, or a GPU without
+    bf16): the working memory is float32's, twice the bf16 estimate's activations (a
+    text encoder planned at its weights' dtype ran out of memory on a simulated GPU)."""
+    from comfyui_placement.placement.metadata import headroom as hr
+    m = meta("FluxTransformer2DModel", num_layers=2, num_single_layers=3).to(torch.bfloat16)
+    as_stored = describe_component("diffusion", [m])
+    cast = describe_component("diffusion", [m], compute_dtype="f32")
+    assert cast.total_bytes == as_stored.total_bytes              # the weights stay bf16
+    assert cast.headroom_bytes - hr.WORKSPACE == 2 * (as_stored.headroom_bytes - hr.WORKSPACE)
+    assert "computed in f32" in cast.headroom_basis and "computed" not in as_stored.headroom_basis

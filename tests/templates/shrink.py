@@ -1,0 +1,135 @@
+"""A template's workload made tiny in place (issue 31 item 3), through the prompt's own
+inputs: image sizes, frames, batch, steps, megapixels and audio seconds lowered on the
+nodes that take them. An input that comes from another node (a Primitive, a switch, a
+math expression: the frontend leaves those as links) is replaced by the literal its
+consumer gets, so the rest of the graph is untouched.
+
+Pure Python on the API prompt; `input_files` lists the images, videos and audio the
+prompt's load nodes name, for the driver to create as stand-ins.
+"""
+import math
+
+STEPS = 2
+SIDE = 64                      # the larger image side
+FRAMES = {"default": 5, "LTX": 9}     # Wan/Hunyuan take 4n+1 frames, LTX 8n+1
+MEGAPIXELS = 0.01              # the least ComfyUI's resize nodes accept (100x100)
+SECONDS = 1.0
+
+SIZE_INPUTS = ("width", "height")
+FRAME_INPUTS = ("length", "num_frames", "frames", "video_frames", "frame_count")
+SIDE_INPUTS = ("largest_size", "longer_size")      # one side of an image resize
+TOKENS = 8
+TOKEN_INPUTS = ("max_length",)      # what a text-generation node writes (TextGenerate)
+OCTREE = 32                          # Hunyuan3D's mesh decode grid (cubic in it)
+STEP_INPUTS = ("steps",)
+STEP_BOUNDS = ("start_at_step", "end_at_step")
+SECONDS_INPUTS = ("seconds", "duration", "audio_length")
+PRIMITIVES = {"PrimitiveInt", "PrimitiveFloat", "PrimitiveBoolean", "PrimitiveString",
+              "PrimitiveStringMultiline", "PrimitiveNode"}
+
+
+def value_of(prompt, value, depth=0):
+    """The literal an input gets: itself, or the value of the Primitive (or switch of
+    known condition) it is linked to; None where it is computed."""
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)):
+        return value
+    if depth > 16:
+        return None
+    node = prompt.get(value[0])
+    if node is None:
+        return None
+    cls, inputs = node.get("class_type"), node.get("inputs", {})
+    if cls in PRIMITIVES:
+        return value_of(prompt, inputs.get("value"), depth + 1)
+    if cls == "ComfySwitchNode":
+        on = value_of(prompt, inputs.get("switch"), depth + 1)
+        if isinstance(on, bool):
+            return value_of(prompt, inputs.get("on_true" if on else "on_false"), depth + 1)
+    return None
+
+
+def _frames_for(cls: str) -> int:
+    return FRAMES["LTX"] if "LTX" in cls else FRAMES["default"]
+
+
+def _smaller_side(v, scale):
+    return max(16, int(round(v * scale / 16)) * 16)
+
+
+def shrink(prompt: dict) -> dict:
+    """A copy of `prompt` with its workload lowered (the prompt itself is unchanged)."""
+    out = {nid: {**node, "inputs": dict(node.get("inputs", {}))} for nid, node in prompt.items()}
+    for nid, node in out.items():
+        cls, inputs = node.get("class_type", ""), node["inputs"]
+        known = {k: value_of(prompt, v) for k, v in inputs.items()}
+        for k, v in known.items():          # dynamic inputs ("resize_type.megapixels")
+            base = k.rsplit(".", 1)[-1]
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                continue
+            if base in SIDE_INPUTS + SIZE_INPUTS and v > SIDE and (base in SIDE_INPUTS or "." in k):
+                inputs[k] = SIDE
+            elif base == "megapixels" and "." in k and v > MEGAPIXELS:
+                inputs[k] = MEGAPIXELS
+            elif base in TOKEN_INPUTS and v > TOKENS:
+                inputs[k] = TOKENS
+            elif base == "octree_resolution" and v > OCTREE:
+                inputs[k] = OCTREE
+        w, h = known.get("width"), known.get("height")
+        if isinstance(w, (int, float)) and isinstance(h, (int, float)) and max(w, h) > SIDE:
+            scale = SIDE / max(w, h)
+            inputs["width"], inputs["height"] = _smaller_side(w, scale), _smaller_side(h, scale)
+        else:
+            for k in SIZE_INPUTS:
+                v = known.get(k)
+                if isinstance(v, int) and not isinstance(v, bool) and v > SIDE:
+                    inputs[k] = SIDE
+                elif k in inputs and v is None and _is_link(inputs[k]):
+                    inputs[k] = SIDE
+        for k in FRAME_INPUTS:
+            v = known.get(k)
+            want = _frames_for(cls)
+            if (isinstance(v, int) and not isinstance(v, bool) and v > want) or \
+                    (k in inputs and v is None and _is_link(inputs[k])):
+                inputs[k] = want
+        if isinstance(known.get("batch_size"), int) and known["batch_size"] > 1:
+            inputs["batch_size"] = 1
+        total = known.get("steps")
+        if "steps" in inputs and isinstance(total, int) and total > STEPS:
+            inputs["steps"] = STEPS
+            for k in STEP_BOUNDS:
+                v = known.get(k)
+                if isinstance(v, int) and 0 < v < total:
+                    inputs[k] = max(1, min(STEPS - 1, int(round(v * STEPS / total))))
+        elif "steps" in inputs and total is None and _is_link(inputs["steps"]):
+            inputs["steps"] = STEPS
+        mp = known.get("megapixels")
+        if isinstance(mp, (int, float)) and mp > MEGAPIXELS:
+            inputs["megapixels"] = MEGAPIXELS
+        for k in SECONDS_INPUTS:
+            v = known.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > SECONDS:
+                inputs[k] = SECONDS if isinstance(v, float) else int(math.ceil(SECONDS))
+    return out
+
+
+def _is_link(v):
+    return isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
+
+
+# load node -> (input name, kind of file)
+LOADS = {"LoadImage": ("image", "image"), "LoadImageMask": ("image", "image"),
+         "LoadImageOutput": ("image", "image"), "LoadVideo": ("file", "video"),
+         "LoadAudio": ("audio", "audio")}
+
+
+def input_files(prompt: dict):
+    """[(kind, file name)] the prompt's load nodes read from ComfyUI's input folder."""
+    out = []
+    for node in prompt.values():
+        spec = LOADS.get(node.get("class_type"))
+        if spec is None:
+            continue
+        name = node.get("inputs", {}).get(spec[0])
+        if isinstance(name, str) and name:
+            out.append((spec[1], name.split(" [")[0]))
+    return sorted(set(out))
