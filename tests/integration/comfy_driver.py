@@ -875,7 +875,9 @@ def session_facts(tag):
 
 
 TE_INVENTORY = "cuda0=5MiB@workspace=0,cuda1=1MiB@workspace=0"   # the tiny CLIP: 3.1 MiB, most of it the token table
-TE_PAIR_INVENTORY = "cuda0=16MiB@workspace=0"   # CLIP-L 3.2 MiB + T5 3.7 MiB (1.6 MiB of it in blocks)
+# CLIP-L 3.2 MiB + T5 3.7 MiB (1.6 MiB of it in blocks), and the T5's working memory
+# planned in float32 (ComfyUI computes it so on the CPU the simulated device runs on)
+TE_PAIR_INVENTORY = "cuda0=28MiB@workspace=0"
 # and their working memory (T5's attention with its position bias: several MiB), metered
 
 

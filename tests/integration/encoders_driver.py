@@ -197,8 +197,9 @@ def working_memory(name) -> int:
     workspace = pack_module("placement.metadata.headroom").WORKSPACE
     paths = [encoders.te_file_path(ARGS.work, k) for k in encoders.TEXT_ENCODERS[name]["files"]]
     info = describe("te", paths)
-    # the estimate assumes 16-bit activations, as on a GPU; ComfyUI on the CPU (the
-    # simulated device computes there) runs these encoders in float32: twice the bytes
+    # described from the files the estimate takes their 16-bit activations; ComfyUI on
+    # the CPU (the simulated device computes there) runs these encoders in float32 (its
+    # manual cast), which Apply Placement plans with: twice the bytes
     return 2 * max(0, int(info.headroom_bytes) - workspace)
 
 
@@ -221,6 +222,11 @@ def sizes_of(module):
 
 def kib(n):
     return f"{-(-int(n) // 1024)}KiB"
+
+
+def with_margin(room):
+    """A simulated device whose room (its memory less its margin) holds `room` bytes."""
+    return int(room) * 16 // 15 + 1
 
 
 def session_facts(obj):
@@ -273,14 +279,16 @@ async def te_ways(executor, name, plain_cond, clip):
     for way in TE_WAYS:
         if way == "stream_disk" and not single:
             continue        # params disk needs the one file a single loader reads
+        # each device's memory holds that beside its margin (a sixteenth of it at most:
+        # placement/room.py), which the estimate planned in float32 no longer hides
         if way == "layer":
             inputs = {"backend": "te=cuda0&cuda1", "params_backend": "te=cpu"}
-            inventory = f"cuda0={kib(nonblock + share)}{NO_WORKSPACE},cuda1={kib(share)}" \
-                        f"{NO_WORKSPACE}"
+            inventory = f"cuda0={kib(with_margin(nonblock + share))}{NO_WORKSPACE}," \
+                        f"cuda1={kib(with_margin(share))}{NO_WORKSPACE}"
         else:
             inputs = {"backend": "te=cuda0", "stream_layers": True,
                       "params_backend": "te=" + way.split("_")[1]}
-            inventory = f"cuda0={kib(stream)}{NO_WORKSPACE}"
+            inventory = f"cuda0={kib(with_margin(stream))}{NO_WORKSPACE}"
         tag = f"{name}@{way}"
         os.environ["COMFYUI_PLACEMENT_SIMULATE"] = inventory
         try:

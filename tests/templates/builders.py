@@ -19,6 +19,7 @@ template's failure.
 """
 import json
 import os
+import zlib
 
 import families
 import encoders
@@ -60,6 +61,10 @@ DIFFUSION = {
                       widths={"text_dim": "cond"}),
     "wan22_a14b_t2v": dict(family="wan22_a14b_high", depth=4, te=(("umt5xxl",), "wan"),
                            widths={"text_dim": "cond"}),
+    # Wan 2.2's image-to-video experts take the image latent and mask beside the noise
+    # (36 channels) and no CLIP vision (detected as t2v with in_dim 36)
+    "wan22_a14b_i2v": dict(family="wan22_a14b_high", depth=4, fixed={"in_dim": 36},
+                           te=(("umt5xxl",), "wan"), widths={"text_dim": "cond"}),
     "wan22_5b": dict(family="wan22_5b", depth=4, te=(("umt5xxl",), "wan"),
                      widths={"text_dim": "cond"}),
     "hunyuan_video": dict(family="hunyuan_video", depth=4,
@@ -145,13 +150,20 @@ def diffusion_family(work, arch):
     return fam, widths
 
 
+def seed_of(name: str) -> int:
+    """Each file name its own weights (a Wan 2.2 pair's two experts differ, as the real
+    ones do), the same on every run."""
+    return zlib.crc32(name.encode()) % 100_000
+
+
 def build_diffusion(work, arch, dest):
     import safetensors.torch
     fam, widths = diffusion_family(work, arch)
-    built = os.path.join(work, "standins", f"{arch}.safetensors")
+    seed = seed_of(os.path.basename(dest))
+    built = os.path.join(work, "standins", f"{arch}-{seed}.safetensors")
     if not os.path.exists(built):
         os.makedirs(os.path.dirname(built), exist_ok=True)
-        sd = families.random_state_dict(fam.unet_config, fam.seed)
+        sd = families.random_state_dict(fam.unet_config, seed)
         meta = {TINY_KEY: json.dumps({"unet_config": widths, "name": arch})}
         safetensors.torch.save_file(sd, built + ".part", metadata=meta)
         os.replace(built + ".part", built)
@@ -167,12 +179,13 @@ def build_lora(work, base, dest, rank=4):
     if arch is None:
         raise NoBuilder(f"no stand-in builder for a LoRA of {base!r} yet "
                         f"(tests/templates/builders.py LORA_BASES)")
-    built = os.path.join(work, "standins", f"lora_{base}.safetensors")
+    seed = seed_of(os.path.basename(dest))
+    built = os.path.join(work, "standins", f"lora_{base}-{seed}.safetensors")
     if not os.path.exists(built):
         fam, _ = diffusion_family(work, arch)
         model = families.model_config_for(fam.unet_config).get_model(
             {}, "", device=torch.device("meta"))
-        g = torch.Generator().manual_seed(11)
+        g = torch.Generator().manual_seed(seed)
         sd = {}
         for name, mod in model.diffusion_model.named_modules():
             if isinstance(mod, torch.nn.Linear) and name:

@@ -25,25 +25,19 @@ import standins  # noqa: E402
 pytestmark = MARKS
 DRIVER = HERE / "templates_driver.py"
 WAYS = ("plain", "stream", "layer", "auto_fit")
-# template -> what it covers (family, loaders)
+# template -> what it covers (family, loaders): each family and loader kind the builders
+# cover once, at about 30 s a template on CI's 2 cores (five runs each: plain, the probe,
+# three ways); the rest of what passes runs in tools/templates_run.py (docs/templates.md)
 SAMPLE = {
     "flux_dev_full_text_to_image": "Flux.1 dev: UNETLoader, DualCLIPLoader (CLIP-L + T5), VAELoader",
-    "flux1_krea_dev": "Flux.1 Krea",
     "flux_schnell_full_text_to_image": "Flux.1 Schnell (no guidance input)",
-    "flux_dev_checkpoint_example": "Flux.1 dev",
     "flux_kontext_dev_basic": "Flux.1 Kontext: a loaded image as the reference latent",
     "flux_fill_inpaint_example": "Flux.1 Fill (FluxInpaint, 96 input channels): mask",
-    "flux_fill_outpaint_example": "Flux.1 Fill: padded image",
-    "image_flux.1_fill_dev_OneReward": "Flux.1 Fill OneReward",
     "flux_canny_model_example": "Flux.1 Canny (32 input channels): Canny on a loaded image",
     "image_qwen_image": "Qwen-Image: CLIPLoader (Qwen2.5-VL), LoRA switch",
-    "image_qwen_Image_2512": "Qwen-Image 2512",
     "image_qwen_image_2512_with_2steps_lora": "Qwen-Image with LoraLoaderModelOnly",
-    "template_qwen_Image_2512_360_lora": "Qwen-Image LoRA",
-    "template_qwen_image_illustration_lora": "Qwen-Image LoRA",
     "template_sugar_coated_gummy_style_qwen": "Qwen-Image LoRA stack",
     "text_to_video_wan": "Wan 2.1 t2v: CLIPLoader (UMT5)",
-    "video_wan2.1_alpha_t2v_14B": "Wan 2.1 with a LoRA and two VAEs",
     "video_wan2_2_14B_t2v": "Wan 2.2 A14B high/low pair, two KSamplerAdvanced",
     "video_wan2_2_5B_ti2v": "Wan 2.2 TI2V 5B (48-channel VAE)",
     "hunyuan_video_text_to_video": "HunyuanVideo: DualCLIPLoader (CLIP-L + LLaVA-Llama3)",
