@@ -21,6 +21,8 @@ SIDE_INPUTS = ("largest_size", "longer_size")      # one side of an image resize
 TOKENS = 8
 TOKEN_INPUTS = ("max_length",)      # what a text-generation node writes (TextGenerate)
 OCTREE = 32                          # Hunyuan3D's mesh decode grid (cubic in it)
+PAD = 16                             # outpainting's padding on each side (pixels)
+PAD_INPUTS = ("left", "top", "right", "bottom")
 STEP_INPUTS = ("steps",)
 STEP_BOUNDS = ("start_at_step", "end_at_step")
 SECONDS_INPUTS = ("seconds", "duration", "audio_length")
@@ -74,6 +76,8 @@ def shrink(prompt: dict) -> dict:
                 inputs[k] = TOKENS
             elif base == "octree_resolution" and v > OCTREE:
                 inputs[k] = OCTREE
+            elif base in PAD_INPUTS and "Pad" in cls and isinstance(v, int) and v > PAD:
+                inputs[k] = PAD
         w, h = known.get("width"), known.get("height")
         if isinstance(w, (int, float)) and isinstance(h, (int, float)) and max(w, h) > SIDE:
             scale = SIDE / max(w, h)

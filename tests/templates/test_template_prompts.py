@@ -63,6 +63,14 @@ def test_value_of_follows_primitives_and_switches_of_known_condition():
     assert shrink.value_of(p, ["1:8", 0]) is None           # computed
 
 
+def test_outpainting_pads_a_few_pixels_not_hundreds():
+    p = {"1": {"class_type": "ImagePadForOutpaint", "inputs": {"image": ["2", 0], "left": 400,
+                                                               "top": 0, "right": 400, "bottom": 8,
+                                                               "feathering": 24}}}
+    inputs = shrink.shrink(p)["1"]["inputs"]
+    assert (inputs["left"], inputs["top"], inputs["right"], inputs["bottom"]) == (16, 0, 16, 8)
+
+
 def test_ltx_keeps_8n_plus_1_frames():
     p = {"1": {"class_type": "LTXVEmptyLatentAudio", "inputs": {"frames_number": 97}},
          "2": {"class_type": "EmptyLTXVLatentVideo", "inputs": {"width": 768, "height": 512, "length": 97, "batch_size": 1}}}
