@@ -197,23 +197,22 @@ def build_lora(work, base, dest, rank=4):
     _link(built, dest)
 
 
+# kind -> (its table here, what the table's key builds, what the error names it)
+FILE_BUILDERS = {"te": (TEXT_ENCODERS, encoders.build_te_file, "the text encoder", "TEXT_ENCODERS"),
+                 "vae": (VAES, encoders.build_vae_file, "the VAE", "VAES")}
+
+
 def build(work, architecture, dest):
     """Makes `dest` (a path under models/) the stand-in of `architecture` ("kind:name")."""
     kind, name = architecture.split(":", 1)
-    if kind in ("diffusion",):
+    if kind == "diffusion":
         return build_diffusion(work, name, dest)
-    if kind == "te":
-        key = TEXT_ENCODERS.get(name)
-        if key is None:
-            raise NoBuilder(f"no stand-in builder for the text encoder {name!r} yet "
-                            f"(tests/templates/builders.py TEXT_ENCODERS)")
-        return _link(encoders.build_te_file(work, key)[0], dest)
-    if kind == "vae":
-        key = VAES.get(name)
-        if key is None:
-            raise NoBuilder(f"no stand-in builder for the VAE {name!r} yet "
-                            f"(tests/templates/builders.py VAES)")
-        return _link(encoders.build_vae_file(work, key)[0], dest)
     if kind == "lora":
         return build_lora(work, name, dest)
+    if kind in FILE_BUILDERS:
+        table, make, what, where = FILE_BUILDERS[kind]
+        if name not in table:
+            raise NoBuilder(f"no stand-in builder for {what} {name!r} yet "
+                            f"(tests/templates/builders.py {where})")
+        return _link(make(work, table[name])[0], dest)
     raise NoBuilder(f"no stand-in builder for {kind} files ({architecture}) yet")
