@@ -15,7 +15,11 @@ both ("expected all tensors to be on the same device"):
   Z-Image concatenate their context refiner's output with their noise refiner's; a text
   encoder joins hidden states taken from several layers): `JoinsFollow` brings each
   tensor of the list to the device of its first one, a hop like a UNet skip's
-  (`follow(x, like)`). The engine runs the forward under it while the first forward
+  (`follow(x, like)`). A residual added across devices is a join of two (Wan VACE adds
+  each hint block's output to the main stream, `x += c_skip`, after the block of the
+  main list it rides with, which may rest on another device): the second operand of an
+  elementwise add, subtract or multiply is brought to the first's, whose device an
+  in-place op keeps. The engine runs the forward under it while the first forward
   learns, and after that only where a join crossed in it (stages.py `_joins`: the mode
   sees every torch function of the forward, a cost a split without such joins need not
   pay).
@@ -34,11 +38,25 @@ from torch.overrides import TorchFunctionMode
 # torch functions that join a list of tensors into one: every operand on one device
 JOINS = {torch.cat, torch.concat, torch.concatenate, torch.stack, torch.hstack,
          torch.vstack, torch.dstack}
+# elementwise ops of two tensors (operators, methods, in-place forms, torch functions)
+PAIRS = {torch.add, torch.sub, torch.mul, torch.Tensor.add, torch.Tensor.sub,
+         torch.Tensor.mul, torch.Tensor.add_, torch.Tensor.sub_, torch.Tensor.mul_,
+         torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.__iadd__,
+         torch.Tensor.__sub__, torch.Tensor.__rsub__, torch.Tensor.__isub__,
+         torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.__imul__}
+
+
+def _pair(a, b) -> bool:
+    """Two tensors that must share a device (`follow` knows whether they do: a
+    simulated device is a tag, not torch's device); a 0-dim scalar mixes with any."""
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.dim() > 0 and b.dim() > 0)
 
 
 class JoinsFollow(TorchFunctionMode):
-    """While active: the tensors of a list torch joins brought to its first one's device
-    by `follow(x, like)` (the placement's, or the rehearsal's hops)."""
+    """While active: the tensors of a list torch joins (or of an elementwise op of two)
+    brought to its first one's device by `follow(x, like)` (the placement's, or the
+    rehearsal's hops)."""
 
     def __init__(self, follow: Callable):
         super().__init__()
@@ -46,7 +64,9 @@ class JoinsFollow(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in JOINS and args and isinstance(args[0], (list, tuple)):
+        if func in PAIRS and len(args) >= 2 and _pair(args[0], args[1]):
+            args = (args[0], self.follow(args[1], args[0])) + tuple(args[2:])
+        elif func in JOINS and args and isinstance(args[0], (list, tuple)):
             first = next((t for t in args[0] if isinstance(t, torch.Tensor)), None)
             if first is not None:
                 joined = type(args[0])(self.follow(t, first) if isinstance(t, torch.Tensor)

@@ -219,7 +219,7 @@ class StagedEngine(Engine):
                 self._load()
         if self.mover is not None:
             self.mover.end_forward()          # a forward stopped midway left copies
-            self._visit.last = 0
+            self._visit.last, self._visit.inside = 0, False
         self._root_in = seen_bytes(args, kwargs)
         self.targets[0].ledger.set_inputs(self._root_in)
         self._compute_on(0)
@@ -251,7 +251,7 @@ class StagedEngine(Engine):
             self._crossed(before, "boundaries")
         else:
             self._crossed(before, "inside_ranges", hop=False)
-        visit.last = d
+        visit.last, visit.inside = d, True
         base = mover.cache_bytes[d] - mover.served + (self._root_in if d == 0 else 0)
         self.targets[d].ledger.set_activations(base + seen_bytes(args, kwargs),
                                                "block activations")
@@ -292,6 +292,11 @@ class StagedEngine(Engine):
         return JoinsFollow(self._join_follow)
 
     def _join_follow(self, x, like):
+        # inside a block everything is on the block's device (its arguments were brought);
+        # a simulated device tags a block's outputs only as it returns, so the mover
+        # cannot tell where the block's own intermediates are: left alone
+        if getattr(self._visit, "inside", False):
+            return x
         return self.follow(x, like, "joins")
 
     def _crossed(self, before, kind: str, hop: bool = True) -> bool:
@@ -322,6 +327,7 @@ class StagedEngine(Engine):
             self.mover.tag_outputs(output, d)
         if last:        # the module's own code runs next, on the main device (Kandinsky5
             self._compute_on(0)     # embeds its latent between its text and visual blocks)
+            self._visit.inside = False
         if gi == self._last_block and last and self.exit_needed:
             return self._bring_counted(output, 0)
         return None

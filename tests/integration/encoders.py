@@ -66,6 +66,9 @@ import tempfile
 import time
 
 TINY_KEY = "comfyui_placement_tiny"
+# a text-encoder stand-in too narrow for the width ComfyUI's detection reads names the
+# comfy.sd.TEModel detection would give the real file (uint8 bytes, as tokenizers travel)
+TE_MODEL_KEY = "comfyui_placement_te_model"
 PROMPT_TEXT = "a tiny red fox sitting in the snow, photo"
 HOOK_LOG = []           # what the hooks did: (hook, detail), in order
 
@@ -120,6 +123,19 @@ TE_FILES = {
                       cls="comfy.text_encoders.llama.Gemma3_4B",
                       config=dict(LLM_TINY, num_attention_heads=1), dtype="bfloat16",
                       tokenizer="spiece_gemma"),
+    # Qwen3's detection reads the hidden width (2560 / 4096): at that width its 152k-token
+    # embedding alone is 0.8 GB, so these are 32 wide and name what detection would say
+    # (te_model, TE_MODEL_KEY). 28 layers: Flux.2 Klein reads layers 9, 18 and 27.
+    "qwen3_4b": dict(file="enc_qwen3_4b.safetensors", arch="llm", model_name="qwen3_4b",
+                     cls="comfy.text_encoders.llama.Qwen3_4B",
+                     config=dict(LLM_TINY, num_hidden_layers=28),
+                     init_overrides={"comfy.text_encoders.llama.Qwen3_4BConfig": {"head_dim": 16}},
+                     te_model="QWEN3_4B", dtype="bfloat16"),
+    "qwen3_8b": dict(file="enc_qwen3_8b.safetensors", arch="llm", model_name="qwen3_8b",
+                     cls="comfy.text_encoders.llama.Qwen3_8B",
+                     config=dict(LLM_TINY, num_hidden_layers=28),
+                     init_overrides={"comfy.text_encoders.llama.Qwen3_8BConfig": {"head_dim": 16}},
+                     te_model="QWEN3_8B", dtype="bfloat16"),
     "mistral3_24b": dict(file="enc_mistral3_24b_flux2.safetensors", arch="llm",
                          model_name="mistral3_24b",
                          cls="comfy.text_encoders.llama.Mistral3Small24B",
@@ -177,6 +193,10 @@ VAES = {
                    latent=[4, 8, 8], dtype="float16", expect_class="AutoencoderKL"),
     "flux_vae": dict(file="enc_vae_flux.safetensors", arch="flux", z=16, decoder_ch=32,
                      latent=[16, 8, 8], dtype="bfloat16", expect_class="AutoencodingEngine"),
+    # Flux.2's: Flux's with a 32-channel latent and the batch norm over its 2x2 patches
+    # (128 channels, 16x downscale), detected by bn.running_mean
+    "flux2_vae": dict(file="enc_vae_flux2.safetensors", arch="flux2", z=32, decoder_ch=32,
+                      latent=[128, 4, 4], dtype="bfloat16", expect_class="AutoencodingEngine"),
     # detection reads dim from decoder.head.0.gamma: everything tiny, no hook
     "wan21_vae": dict(file="enc_vae_wan21.safetensors", arch="wan21", dim=8,
                       latent=[16, 3, 6, 6], dtype="bfloat16", expect_class="WanVAE"),
@@ -320,6 +340,18 @@ def install_hooks(work):
     load_clip._placement_tiny = True
     comfy.sd.load_clip = load_clip
     _INSTALLED["comfy.sd.load_clip"] = "tiny file metadata -> model_options + init overrides"
+
+    original_detect = comfy.sd.detect_te_model
+
+    @functools.wraps(original_detect)
+    def detect_te_model(sd):
+        named = sd.get(TE_MODEL_KEY)
+        if named is None:
+            return original_detect(sd)
+        return getattr(comfy.sd.TEModel, bytes(named.tolist()).decode())
+    detect_te_model._placement_tiny = True
+    comfy.sd.detect_te_model = detect_te_model
+    _INSTALLED["comfy.sd.detect_te_model"] = f"{TE_MODEL_KEY} in a stand-in -> its TEModel"
 
     original_vae_init = comfy.sd.VAE.__init__
 
@@ -538,6 +570,8 @@ def build_te_file(work, key, seed=0):
     if spec.get("init_overrides"):
         tiny["init_overrides"] = spec["init_overrides"]
     tiny["name"] = key
+    if spec.get("te_model"):
+        tiny["te_model"] = spec["te_model"]
     spec_json = json.dumps(tiny, sort_keys=True)
     if _up_to_date(path, spec_json):
         return path, False
@@ -564,6 +598,8 @@ def build_te_file(work, key, seed=0):
         sd["spiece_model"] = torch.frombuffer(bytearray(_spiece_model(tok)), dtype=torch.uint8)
     elif tok == "tekken":
         sd["tekken_model"] = torch.frombuffer(bytearray(tekken_json_bytes()), dtype=torch.uint8)
+    if spec.get("te_model"):
+        sd[TE_MODEL_KEY] = torch.frombuffer(bytearray(spec["te_model"].encode()), dtype=torch.uint8)
     _save(path, sd, spec["dtype"], _spec_metadata(spec_json))
     return path, True
 
@@ -584,19 +620,24 @@ def build_vae_file(work, name, seed=0):
         return path, False
     arch = spec["arch"]
     with _overrides(spec.get("init_overrides")):
-        if arch in ("sd", "flux"):
+        if arch in ("sd", "flux", "flux2"):
             from comfy.ldm.models.autoencoder import AutoencoderKL
             from comfy.ldm.modules.diffusionmodules.model import Decoder, Encoder
             enc = {'double_z': True, 'z_channels': spec["z"], 'resolution': 256, 'in_channels': 3,
                    'out_ch': 3, 'ch': 128, 'ch_mult': [1, 2, 4, 4], 'num_res_blocks': 2,
                    'attn_resolutions': [], 'dropout': 0.0}
             dec = dict(enc, ch=spec["decoder_ch"])
-            if arch == "sd":   # LDM format with quant convs: AutoencoderKL
+            if arch in ("sd", "flux2"):   # LDM format with quant convs: AutoencoderKL
                 model = AutoencoderKL(ddconfig=enc, embed_dim=spec["z"], decoder_ddconfig=dec)
                 sd = _state_dict(model)
             else:              # Flux's ae: no quant convs, AutoencodingEngine
                 sd = {f"encoder.{k}": v for k, v in _state_dict(Encoder(**enc)).items()}
                 sd.update({f"decoder.{k}": v for k, v in _state_dict(Decoder(**dec)).items()})
+            if arch == "flux2":  # the latent batch norm's statistics (set after _randomize)
+                import torch
+                sd["bn.running_mean"] = torch.zeros(4 * spec["z"])
+                sd["bn.running_var"] = torch.ones(4 * spec["z"])
+                sd["bn.num_batches_tracked"] = torch.zeros((), dtype=torch.long)
         elif arch == "wan21":
             import comfy.ldm.wan.vae
             model = comfy.ldm.wan.vae.WanVAE(
@@ -624,7 +665,8 @@ def build_vae_file(work, name, seed=0):
             sd = _state_dict(model)
         else:
             raise ValueError(arch)
-    sd = _randomize(sd, seed)
+    stats = {k: v for k, v in sd.items() if k.startswith("bn.")}
+    sd = dict(_randomize(sd, seed), **stats)
     _save(path, sd, spec["dtype"], _spec_metadata(spec_json, extra))
     return path, True
 

@@ -225,6 +225,30 @@ class Levels(nn.Module):
         return self.clf(x)
 
 
+class Hints(nn.Module):
+    """Wan VACE's forward (comfy/ldm/wan/model.py VaceWanModel): a second block list (the
+    hint blocks) runs beside the main one, each after the main block it rides with, and
+    the parent adds its output to the main stream in place (`x += c_skip * strength`)."""
+
+    def __init__(self, n=4):
+        super().__init__()
+        self.embed = nn.Linear(WIDTH, WIDTH)
+        self.hint_embed = nn.Linear(WIDTH, WIDTH)
+        self.blocks = nn.ModuleList(Layer() for _ in range(n))
+        self.vace_blocks = nn.ModuleList(Layer() for _ in range(n // 2))
+        self.mapping = {i: i // 2 for i in range(0, n, 2)}
+        self.head = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, hint):
+        x, c = self.embed(x), self.hint_embed(hint)
+        for i, block in enumerate(self.blocks):
+            x = block(x)
+            if i in self.mapping:
+                c = self.vace_blocks[self.mapping[i]](c)
+                x += c * 0.5
+        return self.head(x)
+
+
 def _ranged_plan(n_blocks: int, first_on_cuda1: int) -> Plan:
     devices = [DevicePlan(d, "gpu", 256 << 20, 256 << 20, None) for d in ("cuda0", "cuda1")]
     comp = ComponentPlan("diffusion", ["cuda0", "cuda1"], "cpu", split_mode="layer",
@@ -283,6 +307,26 @@ def test_a_join_of_two_devices_outputs_crosses_to_one_device():
     assert metered == rehearsed and min(metered) > 0
 
 
+def test_a_residual_added_across_devices_crosses_to_the_main_streams_device():
+    torch.manual_seed(0)
+    model = Hints().eval()
+    # the hint blocks are not the split's: they run where the non-block weights rest
+    assert [n for n, _ in find_blocks(model)] == [f"blocks.{i}" for i in range(4)]
+    x, hint = torch.randn(BATCH, IMG, WIDTH), torch.randn(BATCH, IMG, WIDTH)
+    # cuda1 from blocks.2 on: the second hint block runs on cuda0 after blocks.2 (cuda1),
+    # and the parent adds its output to the main stream, on cuda1
+    equal, stats, rehearsed = _split_at(model, 2, x, hint)
+    assert stats["device_check"] == "on" and equal == [True, True]
+    row = 4 * BATCH * IMG * WIDTH
+    # per forward: the hint to cuda1 for the add (scaled on cuda0 first: `c * 0.5` mixes
+    # a tensor with a Python number only)
+    assert stats["crossings"]["joins"] == {"hops": 2, "bytes": 2 * row}, stats
+    assert stats["joins_watched"] is True
+    _add_up(stats)
+    metered = [stats["devices"][d]["working_peak_bytes"] for d in ("cuda0", "cuda1")]
+    assert metered == rehearsed and min(metered) > 0
+
+
 def test_non_block_modules_between_levels_get_their_arguments_on_the_main_device():
     torch.manual_seed(0)
     model = Levels().eval()
@@ -312,12 +356,14 @@ def test_without_the_crossings_the_simulated_device_refuses_both(monkeypatch):
     monkeypatch.setattr(stages.StagedEngine, "_joins", lambda self: None)
     monkeypatch.setattr(stages, "home_modules", lambda *a, **k: [])
     torch.manual_seed(0)
-    for model, args in ((Refiners().eval(), (torch.randn(BATCH, IMG, WIDTH),
-                                             torch.randn(BATCH, CAP, WIDTH))),
-                        (Levels().eval(), (torch.randn(BATCH, IMG, WIDTH),))):
+    for model, at, args in ((Refiners().eval(), 3, (torch.randn(BATCH, IMG, WIDTH),
+                                                    torch.randn(BATCH, CAP, WIDTH))),
+                             (Hints().eval(), 2, (torch.randn(BATCH, IMG, WIDTH),
+                                                  torch.randn(BATCH, IMG, WIDTH))),
+                             (Levels().eval(), 3, (torch.randn(BATCH, IMG, WIDTH),))):
         with pytest.raises(DeviceMismatch, match=r"two devices, (cuda0 and cuda1|cuda1 and "
                                                  r"cuda0)"):
-            _split_at(model, 3, *args)
+            _split_at(model, at, *args)
 
 
 def test_the_crossings_hooks_leave_with_the_placement():

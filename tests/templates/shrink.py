@@ -1,6 +1,7 @@
 """A template's workload made tiny in place (issue 31 item 3), through the prompt's own
-inputs: image sizes, frames, batch, steps, megapixels and audio seconds lowered on the
-nodes that take them. An input that comes from another node (a Primitive, a switch, a
+inputs: image sizes, frames, batch, steps, megapixels, audio seconds and prompt words
+lowered on the nodes that take them; a node that scales an image to a fixed preferred
+resolution (Flux Kontext's) scales it to the shrunk side instead. An input that comes from another node (a Primitive, a switch, a
 math expression: the frontend leaves those as links) is replaced by the literal its
 consumer gets, so the rest of the graph is untouched.
 
@@ -26,6 +27,11 @@ PAD_INPUTS = ("left", "top", "right", "bottom")
 STEP_INPUTS = ("steps",)
 STEP_BOUNDS = ("start_at_step", "end_at_step")
 SECONDS_INPUTS = ("seconds", "duration", "audio_length")
+WORDS, CHARS = 12, 64                # a prompt's words and characters (CJK has no spaces)
+TEXT_INPUTS = ("text", "prompt", "clip_l", "clip_g", "t5xxl", "negative_prompt",
+               "system_prompt", "tags")
+# nodes that scale to a resolution of their own, no size input: -> ImageScale to SIDE
+FIXED_SCALES = {"FluxKontextImageScale"}
 PRIMITIVES = {"PrimitiveInt", "PrimitiveFloat", "PrimitiveBoolean", "PrimitiveString",
               "PrimitiveStringMultiline", "PrimitiveNode"}
 
@@ -109,6 +115,18 @@ def shrink(prompt: dict) -> dict:
         mp = known.get("megapixels")
         if isinstance(mp, (int, float)) and mp > MEGAPIXELS:
             inputs["megapixels"] = MEGAPIXELS
+        if "Encode" in cls or cls.startswith("Text"):
+            for k in TEXT_INPUTS:
+                v = known.get(k)
+                if isinstance(v, str):
+                    short = " ".join(v.split()[:WORDS])[:CHARS]
+                    if short != v:
+                        inputs[k] = short
+        if cls in FIXED_SCALES and "image" in inputs:
+            node["class_type"] = "ImageScale"
+            node["inputs"] = {"image": inputs["image"], "upscale_method": "nearest-exact",
+                              "width": SIDE, "height": SIDE, "crop": "disabled"}
+            continue
         for k in SECONDS_INPUTS:
             v = known.get(k)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v > SECONDS:

@@ -68,6 +68,7 @@ import encoders  # noqa: E402
 import insert  # noqa: E402
 import shrink  # noqa: E402
 import standins  # noqa: E402
+import vision  # noqa: E402
 from headless import (PLANS, PlacementTestPlanSink, new_executor, run_prompt,  # noqa: E402
                       start_comfy)
 
@@ -172,8 +173,33 @@ def make_inputs(prompt):
         if kind == "image":
             pixels = (torch.rand(64, 64, 4, generator=g) * 255).to(torch.uint8).numpy()
             Image.fromarray(pixels, "RGBA").save(path, format="PNG")
+        elif kind == "video":                  # 9 frames of 64x64 (LTX takes 8n+1)
+            write_video(path, (torch.rand(9, 64, 64, 3, generator=g) * 255).to(torch.uint8))
+        elif kind == "audio":                  # 1 s of 16-bit noise
+            write_wav(path, torch.rand(44100, generator=g) * 2 - 1, 44100)
         else:
             raise builders.NoBuilder(f"no stand-in for a {kind} input ({name}) yet")
+
+
+def write_video(path, frames, fps=16):
+    import av
+    with av.open(path, "w") as out:
+        stream = out.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for f in frames.numpy():
+            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
+def write_wav(path, samples, rate):
+    import wave
+    with wave.open(path, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes((samples.clamp(-1, 1) * 32767).to(torch.int16).numpy().tobytes())
 
 
 # -- the ways -------------------------------------------------------------------------------
@@ -409,6 +435,8 @@ async def main():
     await start_comfy(ARGS.pack, ARGS.work, {"PlacementTestPlanSink": PlacementTestPlanSink})
     results["hooks"] = encoders.install_hooks(ARGS.work)
     builders.install_unet_hook()
+    builders.install_tokenizer_cap()
+    vision.install_hook()
     capture_outputs()
     with open(ARGS.prompts) as fh:
         prompts = json.load(fh)

@@ -71,6 +71,26 @@ def test_outpainting_pads_a_few_pixels_not_hundreds():
     assert (inputs["left"], inputs["top"], inputs["right"], inputs["bottom"]) == (16, 0, 16, 8)
 
 
+def test_prompts_keep_their_first_words_and_fixed_scales_scale_to_the_shrunk_side():
+    long = "a tiny red fox sitting in the snow under a pale winter sky, photo, 35mm, sharp"
+    p = {"1": {"class_type": "CLIPTextEncode", "inputs": {"text": long, "clip": ["9", 0]}},
+         "2": {"class_type": "CLIPTextEncodeFlux", "inputs": {"clip_l": "short", "t5xxl": long,
+                                                             "guidance": 3.5, "clip": ["9", 0]}},
+         "3": {"class_type": "SaveText", "inputs": {"text": long}},
+         "4": {"class_type": "FluxKontextImageScale", "inputs": {"image": ["5", 0]}}}
+    small = shrink.shrink(p)
+    assert small["1"]["inputs"]["text"] == " ".join(long.split()[:shrink.WORDS])[:shrink.CHARS]
+    assert small["2"]["inputs"]["clip_l"] == "short"
+    assert long.startswith(small["2"]["inputs"]["t5xxl"]) and small["2"]["inputs"]["t5xxl"]
+    cjk = {"1": {"class_type": "CLIPTextEncode", "inputs": {"text": "色调艳丽，过曝，" * 40}}}
+    assert len(shrink.shrink(cjk)["1"]["inputs"]["text"]) == shrink.CHARS
+    assert small["3"]["inputs"]["text"] == long             # not a text encoder's input
+    assert small["4"] == {"class_type": "ImageScale", "inputs": {
+        "image": ["5", 0], "upscale_method": "nearest-exact", "width": shrink.SIDE,
+        "height": shrink.SIDE, "crop": "disabled"}}
+    assert p["4"]["class_type"] == "FluxKontextImageScale"
+
+
 def test_ltx_keeps_8n_plus_1_frames():
     p = {"1": {"class_type": "LTXVEmptyLatentAudio", "inputs": {"frames_number": 97}},
          "2": {"class_type": "EmptyLTXVLatentVideo", "inputs": {"width": 768, "height": 512, "length": 97, "batch_size": 1}}}
