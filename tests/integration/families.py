@@ -597,8 +597,13 @@ def _families():
 
 
 # -- building -----------------------------------------------------------------------
-def model_config_for(unet_config):
-    cfg = comfy.model_detection.model_config_from_unet_config(dict(unet_config))
+def model_config_for(unet_config, config_class=None):
+    """ComfyUI's model config matching `unet_config`; or of the supported_models class
+    named `config_class` (a class ComfyUI matches by its released widths alone)."""
+    if config_class:
+        cfg = getattr(comfy.supported_models, config_class)(dict(unet_config))
+    else:
+        cfg = comfy.model_detection.model_config_from_unet_config(dict(unet_config))
     if cfg is None:
         raise ValueError(f"no ComfyUI model config matches {unet_config}")
     cfg.set_inference_dtype(torch.float32, None)
@@ -617,10 +622,10 @@ def _is_norm(module, leaf):
     return "norm" in name or "norm" in leaf.lower() or leaf.lower().startswith("ln")
 
 
-def random_state_dict(unet_config, seed):
-    """The diffusion model ComfyUI would build for `unet_config`, with seeded random
-    weights, as a {key: contiguous CPU tensor} dict."""
-    cfg = model_config_for(unet_config)
+def random_state_dict(unet_config, seed, config_class=None):
+    """The diffusion model ComfyUI would build for `unet_config` (model_config_for),
+    with seeded random weights, as a {key: contiguous CPU tensor} dict."""
+    cfg = model_config_for(unet_config, config_class)
     # the constructors leave most tensors uninitialised (comfy.ops skip init): under
     # deterministic mode torch.empty fills them with NaN, so any buffer the constructor
     # did not compute is found and filled below

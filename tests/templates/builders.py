@@ -63,6 +63,26 @@ DIFFUSION = {
     "flux_canny": dict(family="flux1", depth=4, fixed={"in_channels": 32},
                        te=(("clip_l", "t5xxl"), "flux"),
                        widths={"context_in_dim": "cond", "vec_in_dim": "pooled"}),
+    # HiDream: ComfyUI's detection hard-codes the released sizes (the hook gives the
+    # tiny ones): 2 double and 2 single MoE blocks of one 128-wide head, each reading
+    # one layer of the 4-layer Llama stand-in (llama_layers), T5's and Llama's 32-wide
+    # sequences (caption_channels: encoders.py's T5 d_model and LLM_TINY hidden), and
+    # CLIP-L's and CLIP-G's pooled vectors side by side (text_emb_dim)
+    "hidream": dict(family="hidream",
+                    fixed={"num_layers": 2, "num_single_layers": 2, "num_attention_heads": 1,
+                           "llama_layers": [0, 1, 2, 3], "caption_channels": [32, 32]},
+                    te=(("clip_l", "clip_g", "t5xxl", "llama31_8b"), "hidream"),
+                    widths={"text_emb_dim": "pooled"}),
+    # SDXL: ComfyUI matches it by its released widths only (model_channels 320, context
+    # 2048, adm 2816), so the stand-in names its class; 64 wide (one head), the context
+    # is CLIP-L's and CLIP-G's sequences side by side, adm the pooled vector and six
+    # 256-wide size embeddings
+    "sdxl": dict(family="sdxl", config="SDXL", fixed={"model_channels": 64},
+                 te=(("clip_l", "clip_g"), "sdxl"),
+                 widths={"context_dim": "cond", "adm_in_channels": ("pooled", 6 * 256)}),
+    # LTXV's T5 width is a constructor default (caption_channels 4096)
+    "ltxv": dict(family="ltxv", depth=4, te=(("t5xxl",), "ltxv"),
+                 widths={"caption_channels": "cond"}),
     # Qwen2.5-VL's sequence and CLIP-L's pooled vector (constructor defaults 3584, 768)
     # Flux.2 dev reads Mistral 3's three layers; Klein Qwen3's (4B or 8B) three layers,
     # with no guidance input
@@ -158,7 +178,7 @@ def te_widths(work, keys, clip_type):
     key = (tuple(keys), clip_type)
     if key not in _WIDTHS:
         paths = [encoders.build_te_file(work, k)[0] for k in keys]
-        kind = getattr(comfy.sd.CLIPType, clip_type.upper())
+        kind = clip_type_of(clip_type)
         clip = comfy.sd.load_clip(ckpt_paths=paths, clip_type=kind,
                                   model_options={})
         enc = clip.encode_from_tokens(clip.tokenize("a red fox"), return_dict=True)
@@ -167,6 +187,13 @@ def te_widths(work, keys, clip_type):
                         "pooled": None if pooled is None else int(pooled.shape[-1])}
         del clip
     return _WIDTHS[key]
+
+
+def clip_type_of(name):
+    """comfy.sd.CLIPType of a CLIP loader's type input, as the loaders read it ("sdxl"
+    is no CLIPType: CLIP-L and CLIP-G load as stable_diffusion)."""
+    import comfy.sd
+    return getattr(comfy.sd.CLIPType, name.upper(), comfy.sd.CLIPType.STABLE_DIFFUSION)
 
 
 def install_unet_hook():
@@ -181,7 +208,10 @@ def install_unet_hook():
                                metadata=None):
         cfg = original(state_dict, unet_key_prefix, use_base_if_no_match, metadata=metadata)
         tiny = json.loads((metadata or {}).get(TINY_KEY) or "{}")
-        if cfg is not None and tiny:
+        if cfg is None and tiny.get("config"):
+            # a class ComfyUI matches by its released widths alone: the one it names
+            cfg = getattr(comfy.supported_models, tiny["config"])(dict(tiny["unet_config"]))
+        elif cfg is not None and tiny:
             cfg.unet_config.update(tiny.get("unet_config", {}))
             named = tiny.get("config")
             if named and type(cfg).__name__ != named:
@@ -247,7 +277,10 @@ def diffusion_family(work, arch):
         fam = fam.with_depth(spec["depth"])
     keys, clip_type = spec["te"]
     found = te_widths(work, keys, clip_type)
-    widths = {k: found[which] for k, which in spec["widths"].items()}
+    # "cond" / "pooled": that width; ("pooled", n): that width plus n
+    widths = {k: (found[w] if isinstance(w, str) else
+                  None if found[w[0]] is None else found[w[0]] + w[1])
+              for k, w in spec["widths"].items()}
     if None in widths.values():
         raise NoBuilder(f"{arch}: the text encoders {keys} ({clip_type}) give no "
                         f"{[k for k, v in widths.items() if v is None]}")
@@ -277,7 +310,8 @@ def build_diffusion(work, arch, dest):
     if not os.path.exists(built):
         os.makedirs(os.path.dirname(built), exist_ok=True)
         with encoders._overrides(init):
-            sd = families.random_state_dict(fam.unet_config, seed)
+            sd = families.random_state_dict(fam.unet_config, seed,
+                                            DIFFUSION[arch].get("config"))
         meta = {TINY_KEY: tiny}
         safetensors.torch.save_file(sd, built + ".part", metadata=meta)
         os.replace(built + ".part", built)
@@ -299,7 +333,8 @@ def build_lora(work, base, dest, rank=4):
     built = os.path.join(work, "standins", f"lora_{base}-{seed}-{shape:08x}.safetensors")
     if not os.path.exists(built):
         with encoders._overrides(DIFFUSION[arch].get("init")):
-            model = families.model_config_for(fam.unet_config).get_model(
+            model = families.model_config_for(
+                fam.unet_config, DIFFUSION[arch].get("config")).get_model(
                 {}, "", device=torch.device("meta"))
         g = torch.Generator().manual_seed(seed)
         sd = {}
@@ -329,6 +364,9 @@ def build(work, architecture, dest):
         return build_diffusion(work, name, dest)
     if kind == "lora":
         return build_lora(work, name, dest)
+    if kind == "checkpoint":
+        import checkpoints          # it builds on this module
+        return checkpoints.build(work, name, dest)
     if kind in FILE_BUILDERS:
         table, make, what, where = FILE_BUILDERS[kind]
         if name not in table:

@@ -64,8 +64,10 @@ def _smaller_side(v, scale):
     return max(16, int(round(v * scale / 16)) * 16)
 
 
-def shrink(prompt: dict) -> dict:
-    """A copy of `prompt` with its workload lowered (the prompt itself is unchanged)."""
+def shrink(prompt: dict, least=None) -> dict:
+    """A copy of `prompt` with its workload lowered (the prompt itself is unchanged).
+    `least(class_type, input)`: the (min, step) a node accepts for an input, or None
+    (from ComfyUI's INPUT_TYPES): a lowered size never goes under it."""
     out = {nid: {**node, "inputs": dict(node.get("inputs", {}))} for nid, node in prompt.items()}
     for nid, node in out.items():
         cls, inputs = node.get("class_type", ""), node["inputs"]
@@ -87,7 +89,8 @@ def shrink(prompt: dict) -> dict:
         w, h = known.get("width"), known.get("height")
         if isinstance(w, (int, float)) and isinstance(h, (int, float)) and max(w, h) > SIDE:
             scale = SIDE / max(w, h)
-            inputs["width"], inputs["height"] = _smaller_side(w, scale), _smaller_side(h, scale)
+            for k, v in (("width", w), ("height", h)):
+                inputs[k] = _accepted(_smaller_side(v, scale), least and least(cls, k))
         else:
             for k in SIZE_INPUTS:
                 v = known.get(k)
@@ -132,6 +135,15 @@ def shrink(prompt: dict) -> dict:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v > SECONDS:
                 inputs[k] = SECONDS if isinstance(v, float) else int(math.ceil(SECONDS))
     return out
+
+
+def _accepted(v, limits):
+    """`v` raised to a node's minimum, on its step."""
+    if not limits:
+        return v
+    low, step = limits
+    v = max(v, low or 0)
+    return v if not step else int(math.ceil(v / step) * step)
 
 
 def _is_link(v):

@@ -64,6 +64,7 @@ import nodes  # noqa: E402
 import server  # noqa: E402
 
 import builders  # noqa: E402
+import checkpoints  # noqa: E402
 import encoders  # noqa: E402
 import insert  # noqa: E402
 import shrink  # noqa: E402
@@ -348,7 +349,7 @@ async def run_template(executor, name, prompt, ways, return_types):
         reason = "stand-in: " + traceback.format_exc()[-800:]
         rec["ways"] = {w: {"verdict": "failed", "reason": reason} for w in ways}
         return rec
-    small = shrink.shrink(prompt)
+    small = shrink.shrink(prompt, least_accepted)
     record, err, secs = await run(executor, small, f"{name}@plain")
     rec["ways"]["plain"] = {"verdict": "pass" if err is None else "failed",
                             "reason": err and f"plain run: {err}", "s": secs}
@@ -402,6 +403,20 @@ async def run_template(executor, name, prompt, ways, return_types):
     return rec
 
 
+def least_accepted(class_type, name):
+    """(min, step) of a node's INT input, from its INPUT_TYPES; None if it has none."""
+    node = nodes.NODE_CLASS_MAPPINGS.get(class_type)
+    try:
+        types = node.INPUT_TYPES()
+    except Exception:
+        return None
+    for group in ("required", "optional"):
+        spec = (types.get(group) or {}).get(name)
+        if isinstance(spec, (list, tuple)) and len(spec) > 1 and isinstance(spec[1], dict):
+            return spec[1].get("min"), spec[1].get("step")
+    return None
+
+
 def register_folders():
     for folder in set(standins.FOLDERS.values()):
         path = os.path.join(MODELS, folder)
@@ -437,6 +452,7 @@ async def main():
     builders.install_unet_hook()
     builders.install_tokenizer_cap()
     vision.install_hook()
+    checkpoints.install_hook()
     capture_outputs()
     with open(ARGS.prompts) as fh:
         prompts = json.load(fh)

@@ -54,6 +54,15 @@ def test_shrink_lowers_the_workload_through_each_consumers_inputs():
     assert small["1:5"] == prompt["1:5"] and small["1:6"] == prompt["1:6"]
 
 
+def test_a_lowered_size_keeps_to_what_its_node_accepts():
+    p = {"1": {"class_type": "EmptyLTXVLatentVideo", "inputs": {"width": 768, "height": 512,
+                                                                "length": 97, "batch_size": 1}}}
+    limits = {("EmptyLTXVLatentVideo", "height"): (64, 32)}
+    small = shrink.shrink(p, lambda cls, k: limits.get((cls, k)))["1"]["inputs"]
+    assert (small["width"], small["height"]) == (64, 64)     # 48 is under its minimum
+    assert shrink.shrink(p)["1"]["inputs"]["height"] == 48
+
+
 def test_value_of_follows_primitives_and_switches_of_known_condition():
     p = wan22_pair()
     assert shrink.value_of(p, ["1:6", 0]) == 20

@@ -1,0 +1,110 @@
+"""Checkpoint stand-ins for the official templates (issue 31 item 3), inside ComfyUI's
+Python: one file holding a diffusion model, its text encoders and its VAE, as
+CheckpointLoaderSimple loads the real ones.
+
+A checkpoint is written the way ComfyUI's own CheckpointSave writes one: the stand-ins
+of its parts are loaded by ComfyUI's loaders (UNETLoader's, CLIPLoader's and
+VAELoader's functions, through the stand-ins' hooks) and `comfy.sd.save_checkpoint`
+stores them with the model's own key conversion (SDXL's CLIP-G in OpenCLIP layout, the
+VAE under first_stage_model., ...). The file's metadata (encoders.TINY_KEY) carries what
+its parts' files carried: the diffusion model's widths and class (builders.py), the text
+encoders' config overrides as te_model_options, and every part's constructor overrides;
+`install_hook()` applies them while such a file loads (real files load unchanged). The
+VAE file's own metadata (LTXV's "config") travels as it is.
+"""
+import functools
+import json
+import os
+
+import builders
+import encoders
+
+TINY_KEY = encoders.TINY_KEY
+
+# checkpoint architecture -> its parts: the diffusion stand-in (builders.DIFFUSION), the
+# text encoders it holds with their CLIP type (None: it holds none, as LTXV's, whose
+# T5 a CLIPLoader loads) and its VAE (encoders.VAES)
+CHECKPOINTS = {
+    "flux": dict(diffusion="flux", te=(("clip_l", "t5xxl"), "flux"), vae="flux_vae"),
+    "flux_schnell": dict(diffusion="flux_schnell", te=(("clip_l", "t5xxl"), "flux"),
+                         vae="flux_vae"),
+    "sdxl": dict(diffusion="sdxl", te=(("clip_l", "clip_g"), "sdxl"), vae="sd_vae"),
+    "ltxv": dict(diffusion="ltxv", te=None, vae="ltxv_vae"),
+}
+
+
+def _te_model_options(keys):
+    """The text-encoder stand-ins' config overrides, keyed as a checkpoint's CLIP reads
+    them ({model_name}_model_config: a CLIP file's "model_config" is rewritten so only
+    by CLIPLoader's long-CLIP pass)."""
+    out = {}
+    for key in keys:
+        spec = encoders.TE_FILES[key]
+        out[f"{spec['model_name']}_model_config"] = dict(spec["config"])
+    return out
+
+
+def build(work, arch, dest):
+    import comfy.sd
+    import comfy.utils
+    spec = CHECKPOINTS.get(arch)
+    if spec is None:
+        raise builders.NoBuilder(f"no stand-in builder for checkpoint files ({arch}) yet "
+                                 f"(tests/templates/checkpoints.py CHECKPOINTS)")
+    seed = builders.seed_of(os.path.basename(dest))
+    unet = os.path.join(work, "standins", f"ckpt_unet_{arch}-{seed}.safetensors")
+    builders.build_diffusion(work, spec["diffusion"], unet)
+    model_sd, model_meta = comfy.utils.load_torch_file(unet, return_metadata=True)
+    unet_tiny = json.loads(model_meta[TINY_KEY])
+    vae_path = encoders.build_vae_file(work, spec["vae"])[0]
+    vae_sd, vae_meta = comfy.utils.load_torch_file(vae_path, return_metadata=True)
+    vae_tiny = json.loads(vae_meta[TINY_KEY])
+    overrides = {}
+    for part in [unet_tiny, vae_tiny] + [
+            encoders.TE_FILES[k] for k in (spec["te"] or ((), None))[0]]:
+        for qualname, over in (part.get("init_overrides") or {}).items():
+            overrides[qualname] = encoders._merge(overrides.get(qualname), over)
+    tiny = {"name": arch, "unet_config": unet_tiny["unet_config"],
+            "config": unet_tiny.get("config"), "init_overrides": overrides,
+            "te_model_options": _te_model_options(spec["te"][0]) if spec["te"] else {}}
+    tiny_json = json.dumps(tiny, sort_keys=True)
+    built = os.path.join(work, "standins", f"ckpt_{arch}-{seed}.safetensors")
+    if not encoders._up_to_date(built, tiny_json):
+        model = comfy.sd.load_diffusion_model(unet)
+        clip = None
+        if spec["te"]:
+            keys, clip_type = spec["te"]
+            clip = comfy.sd.load_clip(
+                ckpt_paths=[encoders.build_te_file(work, k)[0] for k in keys],
+                clip_type=builders.clip_type_of(clip_type))
+        vae = comfy.sd.VAE(sd=vae_sd, metadata=vae_meta)
+        metadata = {k: v for k, v in vae_meta.items() if k != TINY_KEY}
+        metadata[TINY_KEY] = tiny_json
+        comfy.sd.save_checkpoint(built + ".part", model, clip, vae, metadata=metadata)
+        os.replace(built + ".part", built)
+        del model, clip, vae
+    builders._link(built, dest)
+
+
+def install_hook():
+    """A checkpoint stand-in's text-encoder config overrides and constructor overrides,
+    applied while comfy.sd.load_state_dict_guess_config loads it."""
+    import comfy.sd
+    load = comfy.sd.load_state_dict_guess_config
+    if getattr(load, "_placement_tiny", False):
+        return
+
+    @functools.wraps(load)
+    def tiny_load(sd, output_vae=True, output_clip=True, output_clipvision=False,
+                  embedding_directory=None, output_model=True, model_options={},
+                  te_model_options={}, metadata=None, disable_dynamic=False):
+        tiny = json.loads((metadata or {}).get(TINY_KEY) or "{}")
+        te_options = dict(te_model_options)
+        for key, value in (tiny.get("te_model_options") or {}).items():
+            te_options[key] = encoders._merge(te_options.get(key), value)
+        with encoders._overrides(tiny.get("init_overrides")):
+            return load(sd, output_vae, output_clip, output_clipvision, embedding_directory,
+                        output_model, model_options, te_model_options=te_options,
+                        metadata=metadata, disable_dynamic=disable_dynamic)
+    tiny_load._placement_tiny = True
+    comfy.sd.load_state_dict_guess_config = tiny_load
