@@ -25,22 +25,57 @@ import standins  # noqa: E402
 pytestmark = MARKS
 DRIVER = HERE / "templates_driver.py"
 WAYS = ("plain", "stream", "layer", "auto_fit")
-# template -> what it covers (family, loaders): each family and loader kind the builders
-# cover once, at about 30 s a template on CI's 2 cores (five runs each: plain, the probe,
-# three ways); the rest of what passes runs in tools/templates_run.py (docs/templates.md)
+# template -> what it covers: every family and loader kind the builders cover, at about
+# 6 s a template on 2 cores (five runs each: plain, the probe, three ways); the rest of
+# what passes runs in tools/templates_run.py (docs/templates.md)
 SAMPLE = {
+    # Flux.1
     "flux_dev_full_text_to_image": "Flux.1 dev: UNETLoader, DualCLIPLoader (CLIP-L + T5), VAELoader",
     "flux_schnell_full_text_to_image": "Flux.1 Schnell (no guidance input)",
+    "flux_schnell": "Flux.1 Schnell from CheckpointLoaderSimple (model, CLIP and VAE in one file)",
     "flux_kontext_dev_basic": "Flux.1 Kontext: a loaded image as the reference latent",
     "flux_fill_inpaint_example": "Flux.1 Fill (FluxInpaint, 96 input channels): mask",
+    "image_flux.1_fill_dev_OneReward": "Flux.1 Fill with another transformer file",
     "flux_canny_model_example": "Flux.1 Canny (32 input channels): Canny on a loaded image",
+    "flux1_krea_dev": "Flux.1 Krea",
+    # Flux.2
+    "image_flux2": "Flux.2 dev: Mistral 3 text encoder, Flux.2 VAE, a reference image",
+    "image_flux2_klein_text_to_image": "Flux.2 Klein 4B: Qwen3-4B's three layers",
+    "image_flux2_text_to_image_9b": "Flux.2 Klein 9B: Qwen3-8B",
+    "image_flux2_klein_image_edit_4b_base": "Flux.2 Klein image edit",
+    # Qwen-Image
     "image_qwen_image": "Qwen-Image: CLIPLoader (Qwen2.5-VL), LoRA switch",
     "image_qwen_image_2512_with_2steps_lora": "Qwen-Image with LoraLoaderModelOnly",
     "template_sugar_coated_gummy_style_qwen": "Qwen-Image LoRA stack",
+    "image_qwen_image_union_control_lora": "Qwen-Image union control LoRA on a loaded image",
+    "image_qwen_image_edit": "Qwen-Image Edit: the vision tower reads the image",
+    # HiDream, SDXL, LTXV, Z-Image
+    "hidream_i1_dev": "HiDream I1: QuadrupleCLIPLoader (CLIP-L, CLIP-G, T5, Llama 3.1), MoE blocks",
+    "hidream_e1_1": "HiDream E1 image edit",
+    "image_sdxl_simple": "SDXL from CheckpointLoaderSimple (CLIP-G in OpenCLIP layout)",
+    "sdxlturbo_example": "SDXL Turbo: SamplerCustom, one step",
+    "ltxv_text_to_video": "LTXV checkpoint with a T5 from CLIPLoader",
+    "ltxv_image_to_video": "LTXV image to video",
+    "image_z_image_turbo": "Z-Image Turbo: Qwen3-4B, ZImage named by its class",
+    "image_z_image": "Z-Image base",
+    # Wan 2.1
     "text_to_video_wan": "Wan 2.1 t2v: CLIPLoader (UMT5)",
+    "image_to_video_wan": "Wan 2.1 I2V: CLIPVisionLoader (CLIP-H), CLIPVisionEncode",
+    "wan2.1_flf2v_720_f16": "Wan 2.1 first-last frame: two images' CLIP vision tokens",
+    "video_wan_vace_14B_t2v": "Wan VACE: hint blocks added to the main stream across a split",
+    "wan2.1_fun_control": "Wan 2.1 Fun Control: a loaded control video",
+    "wan2.1_fun_inp": "Wan 2.1 Fun InP",
+    "video_wan2.1_fun_camera_v1.1_1.3B": "Wan 2.1 Fun camera adapter",
+    # Wan 2.2
     "video_wan2_2_14B_t2v": "Wan 2.2 A14B high/low pair, two KSamplerAdvanced",
+    "video_wan2_2_14B_i2v": "Wan 2.2 A14B I2V pair (36 input channels)",
+    "video_wan2_2_14B_fun_control": "Wan 2.2 Fun Control pair (52 input channels)",
+    "video_wan2_2_14B_fun_camera": "Wan 2.2 Fun camera pair (camera_2.2)",
     "video_wan2_2_5B_ti2v": "Wan 2.2 TI2V 5B (48-channel VAE)",
+    "video_wan2_2_5B_fun_inpaint": "Wan 2.2 5B Fun InP (100 input channels)",
+    # HunyuanVideo, Kandinsky 5
     "hunyuan_video_text_to_video": "HunyuanVideo: DualCLIPLoader (CLIP-L + LLaVA-Llama3)",
+    "video_kandinsky5_t2v": "Kandinsky 5 t2v: CLIP-L + Qwen2.5-VL",
 }
 
 
