@@ -26,7 +26,8 @@ from .hops import DEFAULT_HOP_LINK, make_hop, tensor_bytes
 
 def map_tensors(fn: Callable, x):
     """`x` with `fn` applied to every tensor in it, through tuples, namedtuples, lists,
-    dicts and dataclass instances (ComfyUI's Flux hands its blocks ModulationOut objects);
+    dicts, dataclass instances (ComfyUI's Flux hands its blocks ModulationOut objects) and
+    objects with __slots__ (LTX-2's CompressedTimestep);
     a container whose tensors all come back as they were is returned itself, and none
     is changed in place (the caller may keep using its own)."""
     if isinstance(x, torch.Tensor):
@@ -60,7 +61,32 @@ def map_tensors(fn: Callable, x):
         for name, w in changed.items():
             object.__setattr__(out, name, w)
         return out
+    slots = _slots(type(x))
+    if slots:                       # a value object (LTX-2's CompressedTimestep)
+        changed = {}
+        for name in slots:
+            v = getattr(x, name, None)
+            w = map_tensors(fn, v)
+            if w is not v:
+                changed[name] = w
+        if not changed:
+            return x
+        out = copy.copy(x)
+        for name, w in changed.items():
+            object.__setattr__(out, name, w)
+        return out
     return x
+
+
+def _slots(cls) -> tuple:
+    """The attribute names a class declares in __slots__ (its bases' too); () for a
+    class without them (only value objects declare slots; modules and options do not)."""
+    names = []
+    for c in cls.__mro__:
+        s = c.__dict__.get("__slots__", ())
+        names += [s] if isinstance(s, str) else [n for n in s if n not in ("__dict__",
+                                                                           "__weakref__")]
+    return tuple(names)
 
 
 class Mover:

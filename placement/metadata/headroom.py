@@ -55,6 +55,10 @@ DIT = {
     "hunyuan_video": DiT(18, 16, 4, 256, 1), "qwen_image": DiT(15, 16, 0, 1024, 2),
     "z_image": DiT(21, 16, 0, 512, 2), "lumina2": DiT(28, 16, 0, 512, 2),
     "wan": DiT(13, 16, 4, 512, 2), "ltxv": DiT(15, 32, 8, 256, 2),
+    # LTX-2: LTXV's video stream beside an audio one; each stream's text connector pads
+    # the prompt to 1024 tokens with learnable registers (comfy/ldm/lightricks/
+    # embeddings_connector.py), whatever the prompt's length
+    "ltxav": DiT(15, 32, 8, 2 * 1024, 2),
     # Kandinsky 5: HunyuanVideo's VAE (8x, 4x in time), patch 2, Qwen2.5-VL text
     "kandinsky5": DiT(10, 16, 4, 256, 2),
     # PixArt: T5 prompt of up to 300 tokens (cross-attention)

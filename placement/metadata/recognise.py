@@ -163,6 +163,8 @@ def _diffusion(tops, names, has_prefix):
     if "transformer_blocks" in tops:
         if "single_transformer_blocks" in tops:
             return R("flux")
+        if "audio_patchify_proj" in tops:
+            return R("ltxav")                   # LTX-2: video and audio streams
         if "patchify_proj" in tops:
             return R("ltxv")
         if "txt_norm" in tops and "img_in" in tops:

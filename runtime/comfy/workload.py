@@ -111,14 +111,18 @@ def uses_uncond(cfg, conds, model_options) -> bool:
     return True
 
 
-def from_sampling(guider, noise, sigmas) -> Workload:
-    """The workload of the run a CFGGuider is about to do (OUTER_SAMPLE arguments)."""
+def from_sampling(guider, noise, sigmas, latent_shapes=None) -> Workload:
+    """The workload of the run a CFGGuider is about to do (OUTER_SAMPLE arguments). A
+    nested latent (LTX-2's video and audio) reaches OUTER_SAMPLE packed into one row
+    ([B, 1, N]) with its `latent_shapes`: it is sized by its first, the video."""
     spatial, temporal = latent_ratios(guider.model_patcher)
     steps = max(1, int(sigmas.shape[-1]) - 1)
     conds = getattr(guider, "conds", None) or getattr(guider, "original_conds", None)
     cond = 2 if uses_uncond(getattr(guider, "cfg", None), conds,
                             getattr(guider, "model_options", None)) else 1
-    w = from_latent_shape(tuple(noise.shape), spatial, temporal, steps, cond, "sampler")
+    shape = tuple(latent_shapes[0]) if latent_shapes and len(latent_shapes) > 1 \
+        else tuple(noise.shape)
+    w = from_latent_shape(shape, spatial, temporal, steps, cond, "sampler")
     tokens = text_tokens(conds)
     return replace(w, text_tokens=tokens) if tokens else w
 
@@ -313,7 +317,8 @@ class SamplingReplanner:
     def outer_sample(self, executor, noise, latent_image, sampler, sigmas, *args, **kwargs):
         guider = executor.class_obj
         self._run_patcher = guider.model_patcher
-        workload = self.known(from_sampling(guider, noise, sigmas))
+        workload = self.known(from_sampling(guider, noise, sigmas,
+                                            kwargs.get("latent_shapes")))
         plan = self.plan_for(workload)
         self.runs += 1
         run = (noise, latent_image, sampler, sigmas) + args

@@ -23,6 +23,9 @@ class StubServer:
     def send_sync(self, event, data, sid=None):
         self.messages.append((event, data))
 
+    def send_progress_text(self, text, node_id, sid=None):
+        self.messages.append(("progress_text", {"node": node_id, "text": text}))
+
     def queue_updated(self):
         pass
 

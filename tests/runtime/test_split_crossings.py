@@ -138,6 +138,24 @@ def test_map_tensors_rebuilds_without_touching_the_callers_objects():
     assert map_tensors(lambda v: v, x) is x                        # nothing moved: itself
 
 
+class Compressed:
+    """LTX-2's CompressedTimestep (comfy/ldm/lightricks/av_model.py): a value object with
+    __slots__, its tensor in .data, handed to every block."""
+    __slots__ = ("data", "num_frames")
+
+    def __init__(self, data, num_frames):
+        self.data, self.num_frames = data, num_frames
+
+
+def test_map_tensors_goes_through_slotted_value_objects():
+    t = torch.zeros(2)
+    c = Compressed(t, 5)
+    out = map_tensors(lambda v: v + 1, (c,))
+    assert isinstance(out[0], Compressed) and out[0] is not c and out[0].num_frames == 5
+    assert float(out[0].data.sum()) == 2 and c.data is t            # the caller's, as given
+    assert map_tensors(lambda v: v, c) is c
+
+
 # -- the module's own code between blocks of two devices (runtime/crossings.py) -------------
 BATCH, CAP, IMG = 2, 5, 12          # batch, caption tokens, image tokens
 

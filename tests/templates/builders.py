@@ -360,6 +360,9 @@ FILE_BUILDERS = {
 def build(work, architecture, dest):
     """Makes `dest` (a path under models/) the stand-in of `architecture` ("kind:name")."""
     kind, name = architecture.split(":", 1)
+    import ltx2                     # it builds on this module
+    if architecture in ltx2.ARCHITECTURES:
+        return ltx2.build(work, architecture, dest)
     if kind == "diffusion":
         return build_diffusion(work, name, dest)
     if kind == "lora":

@@ -32,6 +32,7 @@ TEXT_INPUTS = ("text", "prompt", "clip_l", "clip_g", "t5xxl", "negative_prompt",
                "system_prompt", "tags")
 # nodes that scale to a resolution of their own, no size input: -> ImageScale to SIDE
 FIXED_SCALES = {"FluxKontextImageScale"}
+REPEATS = {"RepeatImageBatch", "RepeatLatentBatch"}    # "amount": copies of a batch
 PRIMITIVES = {"PrimitiveInt", "PrimitiveFloat", "PrimitiveBoolean", "PrimitiveString",
               "PrimitiveStringMultiline", "PrimitiveNode"}
 
@@ -106,6 +107,8 @@ def shrink(prompt: dict, least=None) -> dict:
                 inputs[k] = want
         if isinstance(known.get("batch_size"), int) and known["batch_size"] > 1:
             inputs["batch_size"] = 1
+        if cls in REPEATS and "amount" in inputs:      # a batch repeated: once
+            inputs["amount"] = 1
         total = known.get("steps")
         if "steps" in inputs and isinstance(total, int) and total > STEPS:
             inputs["steps"] = STEPS

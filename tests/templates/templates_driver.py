@@ -67,6 +67,7 @@ import builders  # noqa: E402
 import checkpoints  # noqa: E402
 import encoders  # noqa: E402
 import insert  # noqa: E402
+import ltx2  # noqa: E402
 import shrink  # noqa: E402
 import standins  # noqa: E402
 import vision  # noqa: E402
@@ -453,6 +454,7 @@ async def main():
     builders.install_tokenizer_cap()
     vision.install_hook()
     checkpoints.install_hook()
+    ltx2.install_hook()
     capture_outputs()
     with open(ARGS.prompts) as fh:
         prompts = json.load(fh)

@@ -189,3 +189,21 @@ def test_apply_placement_reads_the_workload_through_switches_pairs_and_decodes()
         "placement": [insert.ASSIGNMENT_ID, 0], "vae": ["1:14", 0]}}}
     w = workload.from_prompt(vae_only, applies[0], None)
     assert (w.resolution, w.frames) == ((64, 48), 5), w.source
+
+
+def test_a_packed_video_and_audio_latent_is_sized_by_its_video():
+    """LTX-2's latent is nested (video, audio); ComfyUI packs it into one row [B, 1, N]
+    before OUTER_SAMPLE and hands the shapes beside it: the video one sizes the run."""
+    import types
+    import torch
+    workload = workload_module()
+    fmt = types.SimpleNamespace(spacial_downscale_ratio=32, temporal_downscale_ratio=8)
+    patcher = types.SimpleNamespace(get_model_object=lambda name: fmt)
+    guider = types.SimpleNamespace(model_patcher=patcher, cfg=1.0, conds={})
+    video, audio = (1, 128, 2, 2, 3), (1, 8, 26, 16)
+    packed = torch.zeros(1, 1, 128 * 2 * 2 * 3 + 8 * 26 * 16)
+    w = workload.from_sampling(guider, packed, torch.zeros(3), [video, audio])
+    assert (w.resolution, w.frames, w.batch, w.steps) == ((96, 64), 9, 1, 2)
+    # one latent: its own shape, packed or not
+    assert workload.from_sampling(guider, torch.zeros(video), torch.zeros(3),
+                                  [video]).resolution == (96, 64)
