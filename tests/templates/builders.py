@@ -17,6 +17,7 @@ by encoding a prompt through ComfyUI's own CLIP loader.
 An architecture with no builder yet raises NoBuilder, which the driver lists as the
 template's failure.
 """
+import contextvars
 import functools
 import json
 import os
@@ -189,6 +190,10 @@ def te_widths(work, keys, clip_type):
     return _WIDTHS[key]
 
 
+# the metadata of the stand-in a loader that reads no metadata is loading (controlnets.py)
+LOADING_METADATA = contextvars.ContextVar("comfyui_placement_tiny_loading", default=None)
+
+
 def clip_type_of(name):
     """comfy.sd.CLIPType of a CLIP loader's type input, as the loaders read it ("sdxl"
     is no CLIPType: CLIP-L and CLIP-G load as stable_diffusion)."""
@@ -207,6 +212,8 @@ def install_unet_hook():
     def model_config_from_unet(state_dict, unet_key_prefix, use_base_if_no_match=False,
                                metadata=None):
         cfg = original(state_dict, unet_key_prefix, use_base_if_no_match, metadata=metadata)
+        if metadata is None:            # a loader that reads none (ControlNets): its file's
+            metadata = LOADING_METADATA.get()
         tiny = json.loads((metadata or {}).get(TINY_KEY) or "{}")
         if cfg is None and tiny.get("config"):
             # a class ComfyUI matches by its released widths alone: the one it names
@@ -367,6 +374,12 @@ def build(work, architecture, dest):
         return build_diffusion(work, name, dest)
     if kind == "lora":
         return build_lora(work, name, dest)
+    import model_patches
+    if architecture in model_patches.ARCHITECTURES:
+        return model_patches.build(work, architecture, dest)
+    if kind == "controlnet":
+        import controlnets          # it builds on this module
+        return controlnets.build(work, name, dest)
     if kind == "checkpoint":
         import checkpoints          # it builds on this module
         return checkpoints.build(work, name, dest)

@@ -65,6 +65,8 @@ import server  # noqa: E402
 
 import builders  # noqa: E402
 import checkpoints  # noqa: E402
+import controlnets  # noqa: E402
+import model_patches  # noqa: E402
 import encoders  # noqa: E402
 import insert  # noqa: E402
 import ltx2  # noqa: E402
@@ -232,7 +234,9 @@ def way_setup(way, diffusion_bytes, working, other_bytes):
     (`*=cpu`): the stand-ins' proportions are not the real ones (a VAE whose encoder
     width ComfyUI fixes is larger than a tiny diffusion model), so the GPUs are sized for
     the diffusion model. auto_fit gets one such GPU with room for the others beside it,
-    and places everything itself."""
+    and places everything itself. (A ControlNet stays on the cpu with the others: the
+    pack refuses it beside a diffusion model on a GPU, its residuals would hop devices
+    every step; on the simulated GPU it cannot run inside ComfyUI either.)"""
     # the probe's figure is one plan's; another model of the template, or a split's
     # device (its range's inputs beside the activations), keeps up to half as much again
     working = working * 3 // 2
@@ -265,7 +269,8 @@ def measured_records():
 
 
 def error_text(record):
-    if not record.get("valid", True):
+    # ComfyUI runs the outputs that validated and drops the others: any node error is one
+    if not record.get("valid", True) or record.get("node_errors"):
         errs = [record.get("error")]
         for node, ne in (record.get("node_errors") or {}).items():
             errs.append({node: ne.get("errors")})
@@ -454,6 +459,8 @@ async def main():
     builders.install_tokenizer_cap()
     vision.install_hook()
     checkpoints.install_hook()
+    controlnets.install_hook()
+    model_patches.install_hook()
     ltx2.install_hook()
     capture_outputs()
     with open(ARGS.prompts) as fh:
