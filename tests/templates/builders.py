@@ -370,6 +370,11 @@ def build(work, architecture, dest):
     import ltx2                     # it builds on this module
     if architecture in ltx2.ARCHITECTURES:
         return ltx2.build(work, architecture, dest)
+    import anima                    # these build on this module and add table entries
+    import ace_step
+    for module in (anima, ace_step):
+        if architecture in module.ARCHITECTURES:
+            return module.build(work, architecture, dest)
     if kind == "diffusion":
         return build_diffusion(work, name, dest)
     if kind == "lora":

@@ -72,6 +72,10 @@ def shrink(prompt: dict, least=None) -> dict:
     out = {nid: {**node, "inputs": dict(node.get("inputs", {}))} for nid, node in prompt.items()}
     for nid, node in out.items():
         cls, inputs = node.get("class_type", ""), node["inputs"]
+        load = LOADS.get(cls)
+        if load and isinstance(inputs.get(load[0]), str) and \
+                inputs[load[0]].endswith(TEMP_ANNOTATION):
+            inputs[load[0]] = inputs[load[0]][:-len(TEMP_ANNOTATION)]
         known = {k: value_of(prompt, v) for k, v in inputs.items()}
         for k, v in known.items():          # dynamic inputs ("resize_type.megapixels")
             base = k.rsplit(".", 1)[-1]
@@ -156,7 +160,10 @@ def _is_link(v):
 # load node -> (input name, kind of file)
 LOADS = {"LoadImage": ("image", "image"), "LoadImageMask": ("image", "image"),
          "LoadImageOutput": ("image", "image"), "LoadVideo": ("file", "video"),
-         "LoadAudio": ("audio", "audio")}
+         "LoadAudio": ("audio", "audio"), "Painter": ("mask", "image")}
+# a file the frontend keeps in ComfyUI's temp folder ("name [temp]": Painter's drawn mask)
+# is read from the input folder, where the driver makes it as it makes the others
+TEMP_ANNOTATION = " [temp]"
 
 
 def input_files(prompt: dict):

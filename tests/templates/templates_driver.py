@@ -63,6 +63,7 @@ import folder_paths  # noqa: E402
 import nodes  # noqa: E402
 import server  # noqa: E402
 
+import ace_step  # noqa: E402
 import builders  # noqa: E402
 import checkpoints  # noqa: E402
 import controlnets  # noqa: E402
@@ -288,7 +289,9 @@ async def run(executor, prompt, tag, simulate=None):
     CAPTURED.pop(tag, None)
     t0 = time.time()
     try:
-        record = await run_prompt(executor, prompt, tag)
+        # a copy, as a server gets: validation unwraps {"__value__": [..]} widget values
+        # in place, which would read as links in the next run's copy of the prompt
+        record = await run_prompt(executor, json.loads(json.dumps(prompt)), tag)
         err = error_text(record)
         CACHED[tag] = {str(n) for e, d in executor.status_messages
                        if e == "execution_cached" for n in (d or {}).get("nodes", ())}
@@ -462,6 +465,7 @@ async def main():
     controlnets.install_hook()
     model_patches.install_hook()
     ltx2.install_hook()
+    ace_step.install_hook()
     capture_outputs()
     with open(ARGS.prompts) as fh:
         prompts = json.load(fh)

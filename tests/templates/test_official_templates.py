@@ -61,9 +61,12 @@ SAMPLE = {
     "image_z_image_turbo": "Z-Image Turbo: Qwen3-4B, ZImage named by its class",
     "image_z_image": "Z-Image base",
     # LTX-2
-    "video_ltx2_3_t2v": "LTX-2.3: LTXAVTextEncoderLoader (Gemma 3 + the checkpoint's projection), "
+    "video_ltx2_3_i2v": "LTX-2.3: LTXAVTextEncoderLoader (Gemma 3 + the checkpoint's projection), "
                         "LTXVAudioVAELoader, LatentUpscaleModelLoader, a Gemma LoRA",
     "video_ltx2_i2v_distilled": "LTX-2 image to video: video and audio latents packed in one run",
+    # Anima (Qwen3 0.6B, an LLM adapter), ControlLLLite patches
+    "image_anima_preview": "Anima: Qwen3-0.6B through its LLM adapter",
+    "image_anima_lllite_any_control_to_image": "Anima ControlLLLite: ModelPatchLoader",
     # Wan 2.1
     "text_to_video_wan": "Wan 2.1 t2v: CLIPLoader (UMT5)",
     "image_to_video_wan": "Wan 2.1 I2V: CLIPVisionLoader (CLIP-H), CLIPVisionEncode",

@@ -149,6 +149,15 @@ def test_a_prompt_without_models_gets_nothing():
     assert shrink.input_files(p) == [("image", "a.png")]
 
 
+def test_a_drawn_mask_in_the_temp_folder_is_made_as_an_input_file():
+    p = {"1": {"class_type": "Painter", "inputs": {"mask": "painter/painter-1.png [temp]",
+                                                   "width": 1024, "height": 1024}}}
+    assert shrink.input_files(p) == [("image", "painter/painter-1.png")]
+    out = shrink.shrink(p)
+    assert out["1"]["inputs"]["mask"] == "painter/painter-1.png"
+    assert p["1"]["inputs"]["mask"] == "painter/painter-1.png [temp]"
+
+
 def test_the_table_names_architectures_and_refuses_unknown_names_in_one_line():
     assert standins.architecture("UNETLoader", "flux1-dev.safetensors") == "diffusion:flux"
     assert standins.architecture("DualCLIPLoader", "t5xxl_fp16.safetensors") == "te:t5xxl"
