@@ -212,11 +212,17 @@ def rehearse_split(module: torch.nn.Module, args: Tuple, kwargs: Dict[str, Any],
     events = BlockEvents(blocks)
     last = len(blocks) - 1
     events.on_enter.append(lambda gi: meter.set_device(owner[gi]))
-    events.on_call.append(lambda gi, a, k: (hops.bring(a, owner[gi]), hops.bring(k, owner[gi])))
+    inside = [False]            # in a block: its joins are its own (stages.py _join_follow)
+
+    def enter(gi, a, k):
+        inside[0] = True
+        return hops.bring(a, owner[gi]), hops.bring(k, owner[gi])
+    events.on_call.append(enter)
 
     def leave(gi, output, is_last):
         if is_last:                     # the module's own code runs next, on device 0
             meter.set_device(0)
+            inside[0] = False
         if gi == last and is_last:
             return hops.bring(output, 0)
         return None
@@ -231,7 +237,7 @@ def rehearse_split(module: torch.nn.Module, args: Tuple, kwargs: Dict[str, Any],
     handles = hook_home(home, bring_home)
     try:
         events.begin_forward()
-        with JoinsFollow(hops.follow):
+        with JoinsFollow(lambda x, like: x if inside[0] else hops.follow(x, like)):
             _run(module, args, kwargs, meter, ready, _WhereOperandsAre)
     finally:
         events.detach()
