@@ -7,6 +7,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from . import controlnet_with_diffusion
 from .capabilities import DEFAULT_EXECUTOR, check_executor, check_plan
 from .components import COMPONENTS
 from .devices import Inventory
@@ -181,11 +182,17 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
         options = FitOptions(offload_mode=spec.offload_mode, resolution=resolution,
                              frames=frames, batch=batch, executor=executor, **fit_options)
         result = fit(request, inventory, infos, options)
+        if executor == "comfyui":       # the ControlNet beside the diffusion model
+            result = controlnet_with_diffusion.together(
+                result, lambda device: fit(_pinned(request, device), inventory, infos,
+                                           options))
         result.warnings[:0] = request.warnings
     else:
         if fit_options:
             raise PlacementError(f"option(s) {', '.join(sorted(fit_options))} need auto_fit")
         result = explicit_plan(request, inventory, infos)
+        if executor == "comfyui":
+            controlnet_with_diffusion.check(result)
         result.warnings.extend(_unused_without_auto_fit(spec, inventory, request))
         result.warnings.extend(_unused_budgets(result, inventory, request))
     if request.fallbacks:
@@ -204,6 +211,16 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
                [c for c, cp in result.components.items() if cp.present or c in named])
     result.extra.setdefault("executor", executor)
     return result
+
+
+def _pinned(request: Request, device: str) -> Request:
+    """`request` with the ControlNet and the diffusion model asked to run on `device`
+    (params and split mode still auto-fit's where the user left them)."""
+    out = copy.deepcopy(request)
+    for comp in ("controlnet", "diffusion"):
+        asked = out.choices.get(comp) or Choice(None, None, None)
+        out.choices[comp] = Choice([device], asked.params, None, asked.parallel)
+    return out
 
 
 def _unused_without_auto_fit(spec: PlacementSpec, inventory: Inventory, request: Request):

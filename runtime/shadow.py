@@ -22,6 +22,9 @@ from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from ..placement.errors import PlacementError
 
 _CONTAINERS = (dict, set, list)
 
@@ -42,6 +45,15 @@ def alias(t: torch.Tensor, inference: bool = False,
 
 def _copy_tensor(t: torch.Tensor) -> torch.Tensor:
     data = t.data if isinstance(t, nn.Parameter) else t
+    if is_traceable_wrapper_subclass(data):
+        # its values live in inner tensors (comfy_kitchen's QuantizedTensor: int8 or fp8
+        # data and scales), not in a storage of its own that could be aliased or moved
+        raise PlacementError(
+            f"weights held as {type(data).__name__} (ComfyUI's quantized format: an int8 "
+            f"or fp8 file with comfy_quant entries) are run by ComfyUI's own loader only; "
+            f"the pack's engine cannot stream, split or simulate them yet: place this "
+            f"model resident on its GPU (params on its runtime device, no stream_layers) "
+            f"or on the cpu, or load a file without comfy_quant")
     v = alias(data)
     cls = type(data)
     if cls is not torch.Tensor:                  # a tensor subclass (e.g. GGUF's): keep it

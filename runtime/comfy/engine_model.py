@@ -36,6 +36,7 @@ def place_model_with_engine(model, plan, inventory, workers=None) -> Tuple[objec
     remote = remote_setup(model, cp, workers, weights_file) if names_workers(cp) else {}
     clone, notes = engine_clone(model, load, torch.device("cpu"), "diffusion")
     session = session_class(cp)(plan, "diffusion", inventory, weights_file)
+    session.bind(clone.model.diffusion_model)
     if remote:
         session.remote_options = remote
         session.remote_blocks = remote_block_names(clone.model.diffusion_model, cp)

@@ -69,6 +69,8 @@ class EngineLoad:
 
     def _check_runtime_patches(self):
         """Every patched weight must belong to a castable layer, or its patch would be lost."""
+        import comfy.lora
+        import comfy.model_patcher
         import comfy.utils
         session = self.attachments.get(KEY)
         if getattr(session, "remote_blocks", None):      # worker_ranges.py
@@ -86,6 +88,19 @@ class EngineLoad:
                     f"ComfyUI's cast ops, so the patch cannot be applied at run time to a "
                     f"placed (streamed/disk/simulated) model; place the model without "
                     f"stream_layers/disk, or drop that patch")
+            # a patch that changes the weight's shape (a control LoRA widening Flux's
+            # img_in): ComfyUI reads the patched shape before the forward (Flux's
+            # concat_cond), and loads such weights patched itself (model_patcher.py)
+            weight, _, _ = comfy.model_patcher.get_key_weight(self.model, key)
+            if weight is not None:
+                shape = comfy.lora.calculate_shape(self.patches[key], weight, key)
+                if shape is not None and tuple(shape) != tuple(weight.shape):
+                    raise PlacementError(
+                        f"patch on {key!r} reshapes the weight {tuple(weight.shape)} to "
+                        f"{tuple(shape)} (a control LoRA such as Flux Depth/Canny LoRA): "
+                        f"the pack applies patches as layers compute and cannot reshape a "
+                        f"placed weight; place this model without stream_layers/disk/split "
+                        f"(or on the cpu), or use the full control model instead of the LoRA")
 
     def model_size(self):
         # ComfyUI's memory manager frees room on the load device for model_size() minus

@@ -6,9 +6,12 @@ latents, the timestep, the context and the family's extra conditions. At the fir
 model call of a run, that preparation runs once more with a stand-in network that only
 records its inputs; then a weightless copy of the real network (every parameter on the
 meta device, runtime/shadow.py) runs those inputs under the working-memory meter
-(runtime/rehearse.py). What comes out is the family's own working memory at this call's
-real shapes (latent patching, text tokens, frames, attention as a fused kernel) and the
-workload's whole batch (cond and uncond together, as ComfyUI runs them when it can) at full width, in about a second, with no weight read and nothing computed.
+(runtime/rehearse.py), with the patches' state put back after (patch_state.py: a patch
+that keeps state between calls must not keep the rehearsal's). What comes out is the
+family's own working memory at this call's real shapes (latent patching, text tokens,
+frames, attention as a fused kernel) and the workload's whole batch (cond and uncond
+together, as ComfyUI runs them when it can) at full width, in about a second, with no
+weight read and nothing computed.
 
 In the copy ComfyUI's cast layers compute plainly (no cast, no LoRA weight function: a
 patch changes weights, not activations) and every floating weight has the compute dtype
@@ -33,6 +36,7 @@ from ...runtime.rehearse import meta_like, rehearse, rehearse_split
 from ...runtime.shadow import meta_tensor, structural_copy
 from ...runtime.split.layer import ranges_to_owner
 from ...runtime.tensors import seen_bytes
+from .patch_state import kept
 from .skips import JoinsFollow, skip_follow_patch
 
 _COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # network -> copy
@@ -191,15 +195,16 @@ def rehearse_call(base, args, kwargs, split=None, batch=None) -> Rehearsal:
     copy = _COPIES.get(network)
     if copy is None:
         copy = _COPIES[network] = weightless_copy(network, base.get_dtype_inference())
-    if sig not in results:
-        results[sig] = rehearse(copy, net_args, net_kwargs)
     per_device = ()
-    if split is not None:
-        key = (sig, repr(sorted(split[0].items())), tuple(split[1]))
-        if key not in results:
-            peaks = _split_peaks(copy, net_args, net_kwargs, split)
-            results[key] = tuple(zip(split[1], peaks)) if peaks else ()
-        per_device = results[key]
+    with kept(net_kwargs.get("transformer_options")):  # the patches' state: as before
+        if sig not in results:
+            results[sig] = rehearse(copy, net_args, net_kwargs)
+        if split is not None:
+            key = (sig, repr(sorted(split[0].items())), tuple(split[1]))
+            if key not in results:
+                peaks = _split_peaks(copy, net_args, net_kwargs, split)
+                results[key] = tuple(zip(split[1], peaks)) if peaks else ()
+            per_device = results[key]
     return Rehearsal(results[sig], time.perf_counter() - start,
                      _describe(net_args, net_kwargs), per_device, inputs)
 

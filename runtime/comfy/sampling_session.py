@@ -30,6 +30,7 @@ ledger figures of the last run (runtime.place stats()).
 import logging
 import types
 import uuid
+import weakref
 from typing import Callable, List, Optional
 
 import torch
@@ -53,6 +54,9 @@ from .skips import with_skip_follow
 
 log = logging.getLogger("comfyui-placement")
 RUN_STATS = 16          # stats of the last placements a session keeps
+# diffusion module -> the session placing it (the last bound), for a call of a model
+# made under another model's wrappers (SamplingSession.another_model)
+_BOUND: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def run_on_copy(executor, base, view, args, kwargs):
@@ -122,19 +126,32 @@ class SamplingSession:
         # worker ranges (worker_ranges.py): place() options and the blocks workers run
         self.remote_options: dict = {}
         self.remote_blocks: List[str] = []
+        self._module = None                    # weakref to the module it places (bind)
+        self._companions: List["SamplingSession"] = []   # other models' sessions run here
 
     # ComfyUI copies attachments into clones with this hook; one session per module.
     def on_model_patcher_clone(self):
         return self
+
+    def bind(self, module) -> None:
+        """This session places `module` (the MODEL's diffusion model)."""
+        self._module = weakref.ref(module)
+        _BOUND[module] = self
 
     def outer_sample(self, executor, *args, **kwargs):
         try:
             return executor(*args, **kwargs)
         finally:
             self.close()
+            for other in self._companions:
+                other.close()
+            self._companions = []
 
     def apply_model(self, executor, *args, **kwargs):
         base = executor.class_obj
+        own = self._module() if self._module is not None else None
+        if own is not None and base.diffusion_model is not own:
+            return self.another_model(executor, base, args, kwargs)
         if self.placed is None:
             self.open(base.diffusion_model)
         if getattr(self.placed, "mover", None) is not None and \
@@ -142,6 +159,19 @@ class SamplingSession:
             args, kwargs = with_skip_follow(args, kwargs, self.placed.follow)
         with patches_must_apply(self.component):
             return run_on_copy(executor, base, self.base_view(base), args, kwargs)
+
+    def another_model(self, executor, base, args, kwargs):
+        """A call of a model this session does not place, under its wrapper: ComfyUI's
+        Dual Model CFG Guider runs its negative model with the positive model's options
+        (their wrappers). That model's own session runs it (closed when this run ends);
+        a model the pack does not place (or this session's own placed copy, seen by a
+        wrapper further down the chain) goes on along ComfyUI's path."""
+        other = _BOUND.get(base.diffusion_model)
+        if other is None or other is self:
+            return executor(*args, **kwargs)
+        if other not in self._companions:
+            self._companions.append(other)
+        return other.apply_model(executor, *args, **kwargs)
 
     def base_view(self, base):
         """A shallow copy of ComfyUI's BaseModel whose diffusion_model is the placed copy

@@ -226,7 +226,9 @@ def install_unet_hook():
                 if not isinstance(cfg, cls.__mro__[1]):
                     raise RuntimeError(f"detection gave {type(cfg).__name__} for a {named} "
                                        f"stand-in, not its base {cls.__mro__[1].__name__}")
+                quant = getattr(cfg, "quant_config", None)   # detection's, of a quantized file
                 cfg = cls(cfg.unet_config)
+                cfg.quant_config = quant
         return cfg
     model_config_from_unet._placement_tiny = True
     comfy.model_detection.model_config_from_unet = model_config_from_unet
@@ -283,7 +285,7 @@ def diffusion_family(work, arch):
     if spec.get("depth"):
         fam = fam.with_depth(spec["depth"])
     keys, clip_type = spec["te"]
-    found = te_widths(work, keys, clip_type)
+    found = te_widths(work, keys, clip_type) if keys else {}   # none: SVD's image input
     # "cond" / "pooled": that width; ("pooled", n): that width plus n
     widths = {k: (found[w] if isinstance(w, str) else
                   None if found[w[0]] is None else found[w[0]] + w[1])
@@ -364,15 +366,23 @@ FILE_BUILDERS = {
                     "vision.py CONFIGS")}
 
 
+# modules that build on this one, each for the architectures in its ARCHITECTURES (a set
+# of "kind:name"): these, and every standins_<topic>.py beside this file
+ROUTED = ("ltx2", "anima", "ace_step")
+
+
+def routed_modules():
+    import importlib
+    here = os.path.dirname(os.path.abspath(__file__))
+    topics = sorted(f[:-3] for f in os.listdir(here)
+                    if f.startswith("standins_") and f.endswith(".py"))
+    return [importlib.import_module(name) for name in ROUTED + tuple(topics)]
+
+
 def build(work, architecture, dest):
     """Makes `dest` (a path under models/) the stand-in of `architecture` ("kind:name")."""
     kind, name = architecture.split(":", 1)
-    import ltx2                     # it builds on this module
-    if architecture in ltx2.ARCHITECTURES:
-        return ltx2.build(work, architecture, dest)
-    import anima                    # these build on this module and add table entries
-    import ace_step
-    for module in (anima, ace_step):
+    for module in routed_modules():
         if architecture in module.ARCHITECTURES:
             return module.build(work, architecture, dest)
     if kind == "diffusion":

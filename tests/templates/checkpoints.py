@@ -18,6 +18,7 @@ import os
 
 import builders
 import encoders
+import vision
 
 TINY_KEY = encoders.TINY_KEY
 
@@ -44,10 +45,13 @@ def _te_model_options(keys):
     return out
 
 
-def build(work, arch, dest):
+def build(work, arch, dest, spec=None):
+    """Makes `dest` the checkpoint stand-in of `arch`, of the parts `spec` names (a
+    CHECKPOINTS entry; by default arch's; clip_vision: a vision.CONFIGS name, SVD's)."""
+    import comfy.clip_vision
     import comfy.sd
     import comfy.utils
-    spec = CHECKPOINTS.get(arch)
+    spec = spec or CHECKPOINTS.get(arch)
     if spec is None:
         raise builders.NoBuilder(f"no stand-in builder for checkpoint files ({arch}) yet "
                                  f"(tests/templates/checkpoints.py CHECKPOINTS)")
@@ -67,6 +71,10 @@ def build(work, arch, dest):
     tiny = {"name": arch, "unet_config": unet_tiny["unet_config"],
             "config": unet_tiny.get("config"), "init_overrides": overrides,
             "te_model_options": _te_model_options(spec["te"][0]) if spec["te"] else {}}
+    vision_path = None
+    if spec.get("clip_vision"):     # what vision.install_hook checks and builds instead
+        vision_path = vision.build(work, spec["clip_vision"])
+        tiny["clip_vision"] = encoders.tiny_spec_of(vision_path)["clip_vision"]
     tiny_json = json.dumps(tiny, sort_keys=True)
     built = os.path.join(work, "standins", f"ckpt_{arch}-{seed}.safetensors")
     if not encoders._up_to_date(built, tiny_json):
@@ -80,9 +88,11 @@ def build(work, arch, dest):
         vae = comfy.sd.VAE(sd=vae_sd, metadata=vae_meta)
         metadata = {k: v for k, v in vae_meta.items() if k != TINY_KEY}
         metadata[TINY_KEY] = tiny_json
-        comfy.sd.save_checkpoint(built + ".part", model, clip, vae, metadata=metadata)
+        clip_vision = comfy.clip_vision.load(vision_path) if vision_path else None
+        comfy.sd.save_checkpoint(built + ".part", model, clip, vae, clip_vision=clip_vision,
+                                 metadata=metadata)
         os.replace(built + ".part", built)
-        del model, clip, vae
+        del model, clip, vae, clip_vision
     builders._link(built, dest)
 
 
@@ -102,9 +112,16 @@ def install_hook():
         te_options = dict(te_model_options)
         for key, value in (tiny.get("te_model_options") or {}).items():
             te_options[key] = encoders._merge(te_options.get(key), value)
-        with encoders._overrides(tiny.get("init_overrides")):
-            return load(sd, output_vae, output_clip, output_clipvision, embedding_directory,
-                        output_model, model_options, te_model_options=te_options,
-                        metadata=metadata, disable_dynamic=disable_dynamic)
+        # a CLIP vision part (SVD's) is built as vision.py's stand-ins are
+        token = vision._LOADING.set(tiny) if "clip_vision" in tiny else None
+        try:
+            with encoders._overrides(tiny.get("init_overrides")):
+                return load(sd, output_vae, output_clip, output_clipvision,
+                            embedding_directory, output_model, model_options,
+                            te_model_options=te_options, metadata=metadata,
+                            disable_dynamic=disable_dynamic)
+        finally:
+            if token is not None:
+                vision._LOADING.reset(token)
     tiny_load._placement_tiny = True
     comfy.sd.load_state_dict_guess_config = tiny_load

@@ -83,8 +83,9 @@ def install_hook():
         if not spec:
             return load(ckpt_path, model=model, model_options=model_options)
         token = builders.LOADING_METADATA.set({TINY_KEY: json.dumps(spec)})
-        try:
-            return load(ckpt_path, model=model, model_options=model_options)
+        try:     # and its constructor overrides (the SD3.5 ControlNets' adm width)
+            with encoders._overrides(spec.get("init_overrides")):
+                return load(ckpt_path, model=model, model_options=model_options)
         finally:
             builders.LOADING_METADATA.reset(token)
     tiny_load._placement_tiny = True

@@ -18,6 +18,8 @@ SECONDS = 1.0
 
 SIZE_INPUTS = ("width", "height")
 FRAME_INPUTS = ("length", "num_frames", "frames", "video_frames", "frame_count")
+# frames a node takes from a previous segment's output: no more than a shrunk segment has
+CONTEXT_FRAME_INPUTS = ("motion_frame_count",)
 SIDE_INPUTS = ("largest_size", "longer_size")      # one side of an image resize
 TOKENS = 8
 TOKEN_INPUTS = ("max_length",)      # what a text-generation node writes (TextGenerate)
@@ -100,15 +102,19 @@ def shrink(prompt: dict, least=None) -> dict:
             for k in SIZE_INPUTS:
                 v = known.get(k)
                 if isinstance(v, int) and not isinstance(v, bool) and v > SIDE:
-                    inputs[k] = SIDE
+                    inputs[k] = _accepted(SIDE, least and least(cls, k))
                 elif k in inputs and v is None and _is_link(inputs[k]):
-                    inputs[k] = SIDE
+                    inputs[k] = _accepted(SIDE, least and least(cls, k))
         for k in FRAME_INPUTS:
             v = known.get(k)
             want = _frames_for(cls)
             if (isinstance(v, int) and not isinstance(v, bool) and v > want) or \
                     (k in inputs and v is None and _is_link(inputs[k])):
                 inputs[k] = want
+        for k in CONTEXT_FRAME_INPUTS:
+            v = known.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v > _frames_for(cls):
+                inputs[k] = _frames_for(cls)
         if isinstance(known.get("batch_size"), int) and known["batch_size"] > 1:
             inputs["batch_size"] = 1
         if cls in REPEATS and "amount" in inputs:      # a batch repeated: once
@@ -124,7 +130,9 @@ def shrink(prompt: dict, least=None) -> dict:
             inputs["steps"] = STEPS
         mp = known.get("megapixels")
         if isinstance(mp, (int, float)) and mp > MEGAPIXELS:
-            inputs["megapixels"] = MEGAPIXELS
+            # never under the node's own minimum (ResolutionSelector takes 0.1 at least)
+            low = (least and least(cls, "megapixels") or (None,))[0]
+            inputs["megapixels"] = max(MEGAPIXELS, low or 0)
         if "Encode" in cls or cls.startswith("Text"):
             for k in TEXT_INPUTS:
                 v = known.get(k)

@@ -73,6 +73,11 @@ import insert  # noqa: E402
 import ltx2  # noqa: E402
 import shrink  # noqa: E402
 import standins  # noqa: E402
+import standins_checkpoints2  # noqa: E402
+import standins_hunyuan15  # noqa: E402
+import standins_llm  # noqa: E402
+import standins_utilities  # noqa: E402
+import standins_wan_more  # noqa: E402
 import vision  # noqa: E402
 from headless import (PLANS, PlacementTestPlanSink, new_executor, run_prompt,  # noqa: E402
                       start_comfy)
@@ -212,10 +217,15 @@ def kib(n):
     return f"{-(-int(n) // 1024)}KiB@workspace=0"
 
 
+# the host's memory as the plans see it: fixed, so that a verdict does not follow what
+# else the machine runs (the stand-ins hold megabytes; the estimates of architectures
+# the pack does not know reserve gigabytes there)
+HOST = "cpu=16GiB"
 # the stream way on a roomy device; its max_vram (more than any stand-in needs) keeps
 # ComfyUI from reusing the probe's outputs for the stream way, whose inputs are the same
 PROBE = ({"backend": "*=cpu,diffusion=cuda0", "stream_layers": True,
-          "params_backend": "diffusion=cpu", "max_vram": "cuda0=7"}, "cuda0=8GiB@workspace=0")
+          "params_backend": "diffusion=cpu", "max_vram": "cuda0=7"},
+         f"cuda0=8GiB@workspace=0,{HOST}")
 
 
 def capacity(room):
@@ -244,15 +254,24 @@ def way_setup(way, diffusion_bytes, working, other_bytes):
     half = capacity(diffusion_bytes // 2 + working)
     if way == "stream":
         return ({"backend": "*=cpu,diffusion=cuda0", "stream_layers": True,
-                 "params_backend": "diffusion=cpu"}, f"cuda0={kib(half)}")
+                 "params_backend": "diffusion=cpu"}, f"cuda0={kib(half)},{HOST}")
     if way == "layer":
         # cuda0 also holds the non-block weights beside its 60% of the blocks
         share = capacity(diffusion_bytes * 8 // 10 + working)
         return ({"backend": "*=cpu,diffusion=cuda0&cuda1", "split_mode": "layer",
-                 "params_backend": "diffusion=cpu"}, f"cuda0={kib(share)},cuda1={kib(share)}")
+                 "params_backend": "diffusion=cpu"},
+                f"cuda0={kib(share)},cuda1={kib(share)},{HOST}")
     if way == "auto_fit":
-        return {"auto_fit": True}, f"cuda0={kib(half + other_bytes)}"
+        return {"auto_fit": True}, f"cuda0={kib(half + other_bytes)},{HOST}"
     raise ValueError(way)
+
+
+def sink_plans(prompt, applies, tag):
+    """Each Apply Placement's plan (its node-time plan_json output), kept in PLANS under
+    `tag`:ID."""
+    for i, apply_id in enumerate(applies):
+        prompt[f"placement:plan:{i}"] = {"class_type": "PlacementTestPlanSink", "inputs": {
+            "plan_json": [apply_id, 7], "tag": f"{tag}:{apply_id}"}}
 
 
 def planned_working(measured):
@@ -371,10 +390,17 @@ async def run_template(executor, name, prompt, ways, return_types):
     working = None
     if placed_ways:
         # the probe: streamed on a roomy device, for the working memory the plans keep
-        probe, _ = insert.with_placement(small, PROBE[0], return_types)
+        probe, probe_applies = insert.with_placement(small, PROBE[0], return_types)
+        sink_plans(probe, probe_applies, f"{name}@probe")
         record, err, secs = await run(executor, probe, f"{name}@probe", PROBE[1])
         CAPTURED.pop(f"{name}@probe", None)
-        working = planned_working(measured_records()) if err is None else None
+        # the larger of what ran (after the first call's rehearsal) and what Apply
+        # Placement planned from its estimate (an explicit plan is checked against that
+        # before anything runs; at these tiny sizes the prompt's tokens, which the
+        # estimate takes at a real prompt's length, dominate the latent's)
+        node_plans = [{"plan": PLANS.pop(t)} for t in list(PLANS)
+                      if t.startswith(f"{name}@probe:")]
+        working = planned_working(measured_records() + node_plans) if err is None else None
         rec["probe"] = {"error": err, "working_bytes": working, "s": secs}
     for way in placed_ways:
         if rec["probe"]["error"] and not refusal(rec["probe"]["error"]):
@@ -384,9 +410,7 @@ async def run_template(executor, name, prompt, ways, return_types):
         assignment, simulate = way_setup(way, rec["diffusion_bytes"], working or 0,
                                          rec["other_bytes"])
         placed, applies = insert.with_placement(small, assignment, return_types)
-        for i, apply_id in enumerate(applies):      # each Apply Placement's plan, kept
-            placed[f"placement:plan:{i}"] = {"class_type": "PlacementTestPlanSink", "inputs": {
-                "plan_json": [apply_id, 7], "tag": f"{name}@{way}:{apply_id}"}}
+        sink_plans(placed, applies, f"{name}@{way}")
         record, err, secs = await run(executor, placed, f"{name}@{way}", simulate)
         measured = measured_records()
         cmp = compare(f"{name}@{way}", f"{name}@plain")
@@ -466,6 +490,11 @@ async def main():
     model_patches.install_hook()
     ltx2.install_hook()
     ace_step.install_hook()
+    standins_hunyuan15.install_hook()
+    standins_llm.install_hook(ARGS.work)
+    standins_utilities.install_hook()
+    standins_wan_more.install_hook()
+    standins_checkpoints2.install_hook()
     capture_outputs()
     with open(ARGS.prompts) as fh:
         prompts = json.load(fh)

@@ -63,6 +63,23 @@ def test_a_lowered_size_keeps_to_what_its_node_accepts():
     assert shrink.shrink(p)["1"]["inputs"]["height"] == 48
 
 
+def test_a_computed_size_and_megapixels_keep_to_what_their_node_accepts():
+    # Ideogram 4's scheduler takes its size from a math expression (min 256); its
+    # resolution selector takes 0.1 megapixels at least
+    p = {"1": {"class_type": "ComfyMathExpression", "inputs": {"expression": "a", "values.a": 1024}},
+         "2": {"class_type": "Ideogram4Scheduler", "inputs": {"width": ["1", 1], "height": ["1", 1],
+                                                              "steps": 20}},
+         "3": {"class_type": "ResolutionSelector", "inputs": {"megapixels": 1.0, "multiple": 8}}}
+    limits = {("Ideogram4Scheduler", "width"): (256, 16), ("Ideogram4Scheduler", "height"): (256, 16),
+              ("ResolutionSelector", "megapixels"): (0.1, 0.1)}
+    small = shrink.shrink(p, lambda cls, k: limits.get((cls, k)))
+    assert (small["2"]["inputs"]["width"], small["2"]["inputs"]["height"]) == (256, 256)
+    assert small["3"]["inputs"]["megapixels"] == 0.1
+    plain = shrink.shrink(p)                                 # no limits known: the shrunk ones
+    assert plain["2"]["inputs"]["width"] == shrink.SIDE
+    assert plain["3"]["inputs"]["megapixels"] == shrink.MEGAPIXELS
+
+
 def test_value_of_follows_primitives_and_switches_of_known_condition():
     p = wan22_pair()
     assert shrink.value_of(p, ["1:6", 0]) == 20
