@@ -333,11 +333,13 @@ def test_working_memory_metered_on_every_device(results, key):
 
 # full width: 2-4 GB files each (Chroma and Qwen-Image at the smallest size detection
 # accepts hold one block: nothing to stream or split; they are checked on meta)
-# (in CI one family per kind of crossing below, the smaller file of each: Stable Cascade
-# stage B, 2.8 GB, for the non-block modules, Lumina2, 1.7 GB, for the joins; stage C,
-# AuraFlow and Z-Image take the same paths: `families_driver.py --heavy --families
-# cascade_c,auraflow,zimage --ways stream_cpu,layer` runs them, docs/families.md)
-HEAVY = ["cascade_b", "lumina2"]
+# (in CI Lumina2, 1.7 GB, for the joins a split brings across; Stable Cascade's
+# non-block modules between levels cross by the same pre-hook as every DiT's final
+# layers after a split, which every layer way of the families and templates suites
+# runs, so its 2.8 GB stage B runs with stage C, AuraFlow and Z-Image:
+# `families_driver.py --heavy --families cascade_b,cascade_c,auraflow,zimage --ways
+# stream_cpu,layer`, docs/families.md)
+HEAVY = ["lumina2"]
 # Lumina2 / Z-Image join their context refiner's and noise refiner's outputs (torch.cat)
 # in their own code, and Stable Cascade runs its down/upscalers and repeat mappers
 # (non-block modules on the main device) between levels on activations from the other
