@@ -91,11 +91,31 @@ def summary(results: dict, seconds: float) -> str:
     return "\n".join(lines)
 
 
+def merge_runs(runs):
+    """The last verdict of each template and way over `runs` (oldest first): a later
+    run's record replaces the template's where it ran every way or its plain run did
+    not pass (its other ways then failed with it), else only the ways it ran."""
+    out = {"templates": {}, "errors": []}
+    for run_ in runs:
+        out["errors"] += run_.get("errors") or []
+        for name, rec in (run_.get("templates") or {}).items():
+            old = out["templates"].get(name)
+            plain = (rec.get("ways") or {}).get("plain", {}).get("verdict")
+            if old is None or plain != "pass" or set(rec.get("ways") or {}) >= set(WAYS):
+                out["templates"][name] = rec
+            else:
+                out["templates"][name] = dict(old, ways={**old.get("ways", {}),
+                                                         **rec["ways"]})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--comfyui", help="a ComfyUI checkout (main.py)")
-    ap.add_argument("--from-json", help="show results a run wrote (the driver's --out, or "
-                                        "--json here) instead of running")
+    ap.add_argument("--from-json", nargs="+", metavar="RESULTS",
+                    help="show results runs wrote (the driver's --out, or --json here) "
+                         "instead of running; several: each later file's verdicts replace "
+                         "the earlier ones, way by way (merge_runs)")
     ap.add_argument("--python", default=sys.executable, help="ComfyUI's Python")
     ap.add_argument("--names", default="", help="comma-separated templates (default: all runnable)")
     ap.add_argument("--json", help="write the results here")
@@ -103,7 +123,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     t0 = time.time()
     if a.from_json:
-        results = json.loads(Path(a.from_json).read_text())
+        results = merge_runs([json.loads(Path(f).read_text()) for f in a.from_json])
         seconds = sum(r.get("s") or 0 for r in results["templates"].values())
     else:
         if not a.comfyui or not os.path.isfile(os.path.join(a.comfyui, "main.py")):
