@@ -4,13 +4,15 @@ session of a placed copy. Kept here so that nodes/ never touches ComfyUI's patch
 wrappers or classes itself; only the node's own copies are changed, never a given
 object.
 """
-import weakref
 from typing import Dict
 
 from .engine_patcher import KEY
 
 METER_KEY = "placement_meter"      # the meter's wrapper and attachment key
-_VAE_METERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# the meter of a placed VAE rides on the VAE copy itself: a module-level map from the
+# copy to its meter would hold the meter, and through it the copy and the placed MODEL
+# (their BaseModels: ComfyUI's "memory leak with model ..."), for the whole process
+_VAE_METER_ATTR = "_placement_meter"
 _TIMED_CLASSES: Dict[type, type] = {}
 
 
@@ -31,7 +33,7 @@ def meter_sampling(placed_model, meter) -> None:
 def meter_decode(placed_vae, meter) -> None:
     """Each `placed_vae.decode(...)` runs as `meter.timed_decode(call)`. ComfyUI's VAE has
     no decode wrapper, so the copy's class becomes a subclass with a timed decode."""
-    _VAE_METERS[placed_vae] = meter
+    setattr(placed_vae, _VAE_METER_ATTR, meter)
     placed_vae.__class__ = _timed_class(type(placed_vae))
 
 
@@ -42,7 +44,7 @@ def _timed_class(cls: type) -> type:
     hit = _TIMED_CLASSES.get(cls)
     if hit is None:
         def decode(self, *args, **kwargs):
-            meter = _VAE_METERS.get(self)
+            meter = getattr(self, _VAE_METER_ATTR, None)
             call = lambda: cls.decode(self, *args, **kwargs)  # noqa: E731
             return call() if meter is None else meter.timed_decode(call)
         hit = _TIMED_CLASSES[cls] = type(cls.__name__, (cls,), {

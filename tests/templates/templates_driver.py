@@ -463,6 +463,16 @@ def register_folders():
                                        is_default=True)
 
 
+def dead_models():
+    """Models ComfyUI still lists whose ModelPatcher is gone but whose BaseModel lives on
+    (its "memory leak with model ..." warning), after a full collection: something
+    holds them (the pack once did, through its VAE meters)."""
+    import gc
+    import comfy.model_management as mm
+    gc.collect()
+    return [type(m.real_model()).__name__ for m in mm.current_loaded_models if m.is_dead()]
+
+
 def return_types_of_loaders():
     out = {}
     for cls in standins.LOADERS:
@@ -512,6 +522,7 @@ async def main():
         try:
             results["templates"][name] = await run_template(executor, name, entry["prompt"],
                                                             ways, return_types)
+            results["templates"][name]["dead_models"] = dead_models()
         except Exception:
             results["templates"][name] = {"ways": {w: {"verdict": "failed", "reason":
                                           "driver: " + traceback.format_exc()[-800:]}

@@ -196,3 +196,12 @@ def test_the_template_placed_gives_the_plain_outputs(results, name, way):
         for dev, phases in (peaks or {}).items():
             if dev in capacity:
                 assert max(phases.values()) <= capacity[dev], (dev, phases, capacity)
+
+
+def test_no_model_outlives_its_patcher(results):
+    """After each template (and the runs of the ones before it, in one process), no
+    BaseModel ComfyUI still lists lives on without its ModelPatcher: a reference the pack
+    kept (a module-level map from a placed VAE to its meter did) holds every placed model
+    of a workflow for the life of the server."""
+    dead = {name: r.get("dead_models") for name, r in results.items() if r.get("dead_models")}
+    assert not dead, dead
