@@ -199,9 +199,11 @@ def test_the_template_placed_gives_the_plain_outputs(results, name, way):
 
 
 def test_no_model_outlives_its_patcher(results):
-    """After each template (and the runs of the ones before it, in one process), no
-    BaseModel ComfyUI still lists lives on without its ModelPatcher: a reference the pack
-    kept (a module-level map from a placed VAE to its meter did) holds every placed model
-    of a workflow for the life of the server."""
-    dead = {name: r.get("dead_models") for name, r in results.items() if r.get("dead_models")}
-    assert not dead, dead
+    """At the end of the run (every template of the sample, in one process), no BaseModel
+    ComfyUI still lists lives on without its ModelPatcher: a reference the pack kept (a
+    module-level map from a placed VAE to its meter did) holds every placed model of a
+    workflow for the life of the server. (A model can stay one template longer, until a
+    later prompt replaces what ComfyUI caches: HiDream's did; a leak stays to the end.)"""
+    last = list(results.values())[-1]
+    seen = {name: r.get("dead_models") for name, r in results.items() if r.get("dead_models")}
+    assert "dead_models" in last and not last["dead_models"], (last.get("dead_models"), seen)
