@@ -185,14 +185,17 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
         if executor == "comfyui":       # the ControlNet beside the diffusion model
             result = controlnet_with_diffusion.together(
                 result, lambda device: fit(_pinned(request, device), inventory, infos,
-                                           options))
+                                           options), infos)
         result.warnings[:0] = request.warnings
     else:
         if fit_options:
             raise PlacementError(f"option(s) {', '.join(sorted(fit_options))} need auto_fit")
+        if executor == "comfyui":        # a ControlNet elsewhere: its residuals hop here
+            infos = controlnet_with_diffusion.with_residuals(
+                infos, request.choices, inventory.default_device().name)
         result = explicit_plan(request, inventory, infos)
         if executor == "comfyui":
-            controlnet_with_diffusion.check(result)
+            controlnet_with_diffusion.note(result)
         result.warnings.extend(_unused_without_auto_fit(spec, inventory, request))
         result.warnings.extend(_unused_budgets(result, inventory, request))
     if request.fallbacks:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .crossings import JoinsFollow, home_modules, hook_home
+from .crossings import JOINS, JoinsFollow, home_modules, hook_home
 from .moves import map_tensors
 from .simcheck import _ALLOWED as FREE          # what touches no data: views, copy_, *_like
 from .subclass_check import plain_call
@@ -81,7 +81,34 @@ class _FusedAttention(TorchFunctionMode):
         if func in _BINCOUNT and args and isinstance(args[0], torch.Tensor) \
                 and args[0].is_meta:
             return _bincount_on_meta(*args, **kwargs)
+        if func in JOINS and args and isinstance(args[0], (list, tuple)):
+            args = (_all_meta_if_any(args[0]),) + tuple(args[1:])
+        if func in _FROM_DATA and _python_data_on_meta(args, kwargs):
+            kwargs = dict(kwargs, device="cpu")
         return func(*args, **kwargs)
+
+
+_FROM_DATA = (torch.tensor, torch.as_tensor)
+
+
+def _python_data_on_meta(args, kwargs) -> bool:
+    """A tensor made from Python values on the device being rehearsed (SeedVR2's
+    `torch.as_tensor([x.shape[:-1] ...], device=hid.device)`, read back with `.tolist()`
+    to unflatten): made on the host, where its values stay readable. Only such small
+    constants are; tensors computed from the inputs stay on meta."""
+    device = kwargs.get("device")
+    return bool(args) and not isinstance(args[0], torch.Tensor) and device is not None \
+        and torch.device(device).type == "meta"
+
+
+def _all_meta_if_any(tensors):
+    """A join of meta tensors with host ones (the counts `_bincount_on_meta` answers,
+    cumulated: ACE-Step 1.5 joins them with `torch.tensor([0], device=meta)`): all on
+    meta, as on the device every one of them would be on in the real run."""
+    if not any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
+        return tensors
+    return type(tensors)(meta_like(t) if isinstance(t, torch.Tensor) and not t.is_meta
+                         else t for t in tensors)
 
 
 _BINCOUNT = (torch.bincount, torch.Tensor.bincount)

@@ -33,6 +33,7 @@ FAMILY_TAILS: Dict[str, Dict[str, Tail]] = {
         "double_blocks": _D(20, True), "joint_blocks": _D(20, True),
         "double_stream_blocks": _D(20, True), "double_layers": _D(20, True),
         "transformer_blocks": _D(20, True), "blocks": _D(20, True), "layers": _D(20, True),
+        "language_model.layers": _D(20, True),        # HiDream-O1: an LLM's layers
         "single_blocks": _D(30, True), "single_stream_blocks": _D(30, True),
         "single_layers": _D(30, True), "single_transformer_blocks": _D(30, True),
         "input_blocks": _D(40, True, False), "down_blocks": _D(40, True, False),

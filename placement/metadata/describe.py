@@ -319,6 +319,10 @@ def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.La
         scratch = dequant_scratch_bytes(tensors, activation_bytes(dtype))
         if scratch:
             room, basis = room + scratch, f"{basis} + GGUF dequantization scratch"
+        cast = cast_copy_bytes(tensors, component, dtype, compute_dtype)
+        if cast:
+            room, basis = room + cast, (f"{basis} + a {compute_dtype} copy of its largest "
+                                        f"weight ({format_bytes(cast)})")
     return ComponentInfo(component=component, total_bytes=total, blocks=blocks, arch=arch,
                          dtype=dtype, quant=quant, headroom_bytes=room,
                          sources=paths or (label,),
@@ -326,6 +330,27 @@ def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.La
                          irregular_groups=tuple(scan.irregular), headroom_basis=basis,
                          tensor_count=len(tensors), workspace_bytes=workspace,
                          row_shards=row_shards(tensors, scan.blocks))
+
+
+def cast_copy_bytes(tensors, component: str, dtype: str, compute_dtype) -> int:
+    """A text encoder computed in another dtype than its weights' (ComfyUI's manual
+    cast) copies each weight into the compute dtype while its layer computes: the
+    largest is its token embedding, which a language model that generates also uses as
+    its output layer (every step's logits read the whole of it). The per-token formula
+    does not hold it; a rehearsal would, but a generation loop cannot be rehearsed
+    weightless (its token values drive it)."""
+    if component != "te" or not compute_dtype or compute_dtype == dtype:
+        return 0
+    elements = max((_elements(t) for t in tensors
+                    if t.quant is None and t.dtype.startswith(("f", "bf"))), default=0)
+    return elements * activation_bytes(compute_dtype)
+
+
+def _elements(t: TensorInfo) -> int:
+    n = 1
+    for d in t.shape:
+        n *= d
+    return n
 
 
 def _estimate(component, arch, family, dims: "_Dims", shape, act) -> Tuple[int, str]:

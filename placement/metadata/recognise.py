@@ -137,6 +137,8 @@ def _diffusion(tops, names, has_prefix):
         return R("hunyuan_video")               # HunyuanVideo 1.5: no single blocks
     if "joint_blocks" in tops:
         return R("sd3")
+    if "t_embedder1" in tops and "x_embedder" in tops and "language_model" in tops:
+        return R("hidream_o1")                  # a Qwen3-VL language model as the DiT
     if "double_stream_blocks" in tops:
         return R("hidream")
     if "double_layers" in tops:

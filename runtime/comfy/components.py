@@ -12,6 +12,7 @@ import comfy.controlnet
 import comfy.model_management
 
 from ...placement.errors import PlacementError
+from .control_hops import hop_residuals
 from .patchers import retarget
 from .patcher_devices import PatcherDevices
 
@@ -52,21 +53,18 @@ def place_vae(vae, devices: PatcherDevices) -> CopyAndNotes:
 
 def place_controlnet(control, devices: PatcherDevices,
                      diffusion_runtime: str) -> CopyAndNotes:
-    """CONTROL_NET: it computes inside the sampler on the latent's device, so it must run
-    where the diffusion model runs until activations can hop between devices."""
-    if devices.runtime != diffusion_runtime:
-        raise PlacementError(
-            f"controlnet on {devices.runtime} while diffusion runs on {diffusion_runtime}: "
-            f"ComfyUI adds ControlNet residuals inside the diffusion model's forward, so "
-            f"they would have to hop devices every step, which the pack does not do yet; "
-            f"put controlnet on {diffusion_runtime}")
+    """CONTROL_NET: ComfyUI calls it from the sampler with the latent on the diffusion
+    model's device; on another device its residuals hop (control_hops.py)."""
+    apart = devices.runtime != diffusion_runtime
     default = comfy.model_management.get_torch_device()
     if isinstance(control, comfy.controlnet.ControlLora):
         # Built at each sampling run on ComfyUI's default device and freed afterwards.
-        if devices.load_device != default:
+        if devices.load_device != default or apart:
             raise PlacementError(
                 f"controlnet: ComfyUI's ControlLora is always built on its default device "
-                f"({default}); it cannot run on {devices.runtime}")
+                f"({default}) for each run, beside the diffusion model; it cannot run on "
+                f"{devices.runtime}" + (f" while diffusion runs on {diffusion_runtime}"
+                                        if apart else ""))
         return control.copy(), [f"controlnet: ControlLora is built on {default} for each "
                                 f"run and freed after it (params follow ComfyUI)"]
     placed = control.copy()
@@ -75,8 +73,15 @@ def place_controlnet(control, devices: PatcherDevices,
                                                        "controlnet")
         placed.control_model = placed.control_model_wrapped.model
         placed.load_device = devices.load_device
+        if apart:
+            notes.append(hop_residuals(placed, devices.runtime, diffusion_runtime))
         return placed, notes
     if isinstance(control, comfy.controlnet.T2IAdapter):     # no patcher
+        if apart:
+            raise PlacementError(
+                f"controlnet (T2I adapter) on {devices.runtime} while diffusion runs on "
+                f"{diffusion_runtime}: its residuals do not hop yet; put controlnet on "
+                f"{diffusion_runtime}")
         if devices.offload_device.type != "cpu":
             raise PlacementError(
                 f"controlnet (T2I adapter): ComfyUI moves its weights back to the cpu after "

@@ -21,6 +21,7 @@ are left out: they belong to the real run.
 import collections
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
@@ -220,6 +221,13 @@ def plan_split(plan, component: str = "diffusion"):
     return ({d: list(r) for d, r in cp.blocks.items()}, list(cp.runtime))
 
 
+def _debug_trace() -> None:
+    """PLACEMENT_DEBUG_REHEARSAL=1: the whole traceback of a call that could not be
+    rehearsed (the warning keeps its first line), to find the op that reads values."""
+    if os.environ.get("PLACEMENT_DEBUG_REHEARSAL"):
+        logging.getLogger(__name__).warning("rehearsal failed", exc_info=True)
+
+
 def try_rehearse(base, args, kwargs, split=None, batch=None, patcher=None
                  ) -> Tuple[Optional[Rehearsal], str]:
     """(rehearsal, "") or (None, why not) in one line. `patcher`: the ModelPatcher whose
@@ -227,6 +235,7 @@ def try_rehearse(base, args, kwargs, split=None, batch=None, patcher=None
     try:
         got = rehearse_call(base, args, kwargs, split, batch)
     except Exception as exc:          # a forward that cannot run weightless: say why
+        _debug_trace()
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return None, f"{type(exc).__name__}: {first}"
     extra = lora_patch_bytes(patcher) if patcher is not None else 0
@@ -398,5 +407,6 @@ def try_rehearse_method(module, method, args, kwargs, split=None, block_names=No
     try:
         return rehearse_method(module, method, args, kwargs, split, block_names), ""
     except Exception as exc:          # a call that cannot run weightless: say why
+        _debug_trace()
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return None, f"{type(exc).__name__}: {first}"

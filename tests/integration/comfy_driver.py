@@ -662,6 +662,25 @@ def adapter_type_facts():
         "original_unchanged": patcher_state(cn.control_model_wrapped) == before,
         "other_device_than_diffusion": err(comps.place_controlnet, cn,
                                            T("controlnet", "cpu", "cpu", cpu, cpu), "cuda0")}
+    # apart from the diffusion model: a proxy that hops (runtime/comfy/control_hops.py)
+    apart, notes = comps.place_controlnet(cn, T("controlnet", "cpu", "cpu", cpu, cpu), "cuda0")
+    again = apart.copy()                 # what Apply ControlNet does with it
+    x = torch.randn(2, 4)
+    fun = comfy.controlnet.QwenFunControlNet(torch.nn.Linear(4, 4), load_device=cpu)
+    facts["controlnet_apart"] = {
+        "proxy": type(apart.control_model).__name__,
+        "copy_keeps_it": again.control_model is apart.control_model,
+        "same_values": bool(torch.equal(apart.control_model(x), cn.control_model(x))),
+        "attribute": apart.control_model.weight is cn.control_model.weight,
+        "original_untouched": type(cn.control_model) is torch.nn.Linear
+        and not cn.control_model._forward_pre_hooks and not cn.control_model._forward_hooks,
+        "notes": notes,
+        "fun": err(comps.place_controlnet, fun, T("controlnet", "cpu", "cpu", cpu, cpu),
+                   "cuda0"),
+        "t2i": err(comps.place_controlnet,
+                   comfy.controlnet.T2IAdapter(torch.nn.Linear(4, 4), 3, 8, "nearest-exact",
+                                               device=cpu),
+                   T("controlnet", "cpu", "cpu", cpu, cpu), "cuda0")}
     t2i = comfy.controlnet.T2IAdapter(torch.nn.Linear(4, 4), 3, 8, "nearest-exact", device=cpu)
     placed, _ = comps.place_controlnet(t2i, T("controlnet", "cuda1", "cpu", cuda1, cpu), "cuda1")
     facts["t2i"] = {"device": str(placed.device), "original_device": str(t2i.device),

@@ -227,7 +227,14 @@ def test_adapter_places_every_comfy_type(results):
     cn = t["controlnet"]
     assert cn["new"] and cn["shares_weights"] and cn["original_unchanged"]
     assert cn["devices"] == ["cpu", "cpu", "cpu"]
-    assert "hop devices every step" in cn["other_device_than_diffusion"]
+    assert cn["other_device_than_diffusion"] is None       # its residuals hop
+    apart = t["controlnet_apart"]
+    assert apart["proxy"] == "HoppingControlModel" and apart["copy_keeps_it"]
+    assert apart["same_values"] and apart["attribute"] and apart["original_untouched"]
+    assert "residuals hop to cuda0" in apart["notes"][-1]
+    assert "computes with the diffusion model's own embedders" in apart["fun"]
+    assert "\n" not in apart["fun"] and "put controlnet on cuda0" in apart["fun"]
+    assert "T2I adapter" in apart["t2i"] and "put controlnet on cuda0" in apart["t2i"]
     assert (t["t2i"]["device"], t["t2i"]["original_device"]) == ("cuda:1", "cpu")
     assert "use params cpu" in t["t2i"]["resident_refused"]
     lora = t["control_lora"]

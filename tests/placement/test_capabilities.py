@@ -88,9 +88,10 @@ def test_simulated_gpus_take_only_what_the_engine_runs_inside_comfyui():
     infos = {c: info(c, n=4, block=64 * MiB) for c in ("diffusion", "vae", "controlnet",
                                                       "clip_vision")}
     p = plan(PlacementSpec(auto_fit=True), inv, infos, executor="comfyui")
-    # the ControlNet cannot run on the simulated GPU, and runs where the diffusion model
-    # runs (placement/controlnet_with_diffusion.py): both on the cpu
-    assert p.components["controlnet"].runtime == p.components["diffusion"].runtime == ["cpu"]
+    # the ControlNet cannot run on the simulated GPU: it runs on the cpu, and its
+    # residuals hop to the diffusion model's (placement/controlnet_with_diffusion.py)
+    assert p.components["controlnet"].runtime == ["cpu"]
+    assert p.components["diffusion"].main_device == "cuda0"
     assert p.components["clip_vision"].runtime == ["cpu"]
     del infos["controlnet"]
     p = plan(PlacementSpec(auto_fit=True), inv, infos, executor="comfyui")

@@ -302,6 +302,9 @@ def test_fallbacks_are_seed_003_reserves():
     ({"transformer_blocks": 2, "single_transformer_blocks": 1}, ("x_embedder", "context_embedder"),
      "flux", ["transformer_blocks.0", "transformer_blocks.1", "single_transformer_blocks.0"]),
     ({"blocks": 2}, ("x_embedder", "t_embedder"), "dit", ["blocks.0", "blocks.1"]),
+    # HiDream-O1: a language model's layers are its DiT blocks (not a text encoder)
+    ({"language_model.layers": 2}, ("t_embedder1.mlp.0", "x_embedder.proj1"), "hidream_o1",
+     ["language_model.layers.0", "language_model.layers.1"]),
 ])
 def test_more_diffusion_layouts(write, groups, extra, arch, order):
     info, = describe(write("d.safetensors", tf.repeated(groups, extra)))
@@ -354,3 +357,23 @@ def test_sharded_checkpoint_is_read_as_one(write):
     assert info.sources == (a, b)
     assert [(x.name, x.nbytes) for x in info.blocks] == [(x.name, x.nbytes) for x in whole.blocks]
     assert info.total_bytes == whole.total_bytes and info.arch == "flux"
+
+
+def test_a_text_encoder_computed_in_another_dtype_holds_a_cast_copy_of_its_largest_weight(
+        write):
+    """ComfyUI's manual cast copies each weight into the compute dtype while its layer
+    computes; a language model that generates reads its whole token embedding for every
+    step's logits (ACE-Step 1.5's: the copy ran a simulated GPU out of memory)."""
+    layout = dict(tf.repeated({"model.layers": 2}),
+                  **{"model.embed_tokens.weight": ("BF16", (4096, 32))})
+    path = write("te.safetensors", layout)
+    as_stored = describe_component("te", [path])
+    cast = describe_component("te", [path], compute_dtype="f32")
+    assert cast.total_bytes == as_stored.total_bytes
+    # float32 activations, plus the embedding (the largest weight) in float32
+    per_token_f32 = 2 * (as_stored.headroom_bytes - hr.WORKSPACE)
+    assert cast.headroom_bytes - hr.WORKSPACE == per_token_f32 + 4096 * 32 * 4
+    assert "copy of its largest weight" in cast.headroom_basis
+    diffusion = describe_component("diffusion", [write("d.safetensors", tf.repeated(
+        {"double_blocks": 2, "single_blocks": 1}))], compute_dtype="f32")
+    assert "largest weight" not in diffusion.headroom_basis     # rehearsed, not estimated

@@ -83,3 +83,39 @@ def test_routing_by_value_is_rehearsed_as_its_largest_slice():
     x = torch.zeros(1000, 64)
     peak = rehearse(Routed(), (x,))
     assert peak >= 1000 * 64 * 4 * 8                 # the widest slice, all rows
+
+
+class Unflatten(nn.Module):
+    """SeedVR2's flatten/unflatten: a shape tensor made from Python ints on the input's
+    device, read back with .tolist() to split the tokens per sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        shape = torch.as_tensor([x.shape[:-1]], device=x.device)
+        lengths = shape.prod(-1)
+        parts = x.flatten(0, -2).split(lengths.tolist())
+        return self.proj(torch.cat([p.unflatten(0, s.tolist()) for p, s in zip(parts, shape)]))
+
+
+def test_a_tensor_of_python_values_is_readable_while_rehearsing():
+    x = torch.empty(2, 3, 8)
+    out = 2 * 3 * 8 * 4
+    assert 2 * out <= rehearse(Unflatten(), (x,)) <= 2 * out + 64   # the join and the output
+
+
+class Starts(nn.Module):
+    """ACE-Step 1.5's timbre unpacking: counts (host values, as bincount answers on
+    meta) cumulated and joined with a constant made on the input's device."""
+
+    def forward(self, x, order):
+        counts = torch.bincount(order, minlength=x.shape[0])
+        starts = torch.cat([torch.tensor([0], device=x.device), torch.cumsum(counts, 0)[:-1]])
+        return x[: int(counts.max().item())] * 2 + starts[0]
+
+
+def test_a_join_of_host_counts_and_meta_constants_rehearses():
+    x = torch.empty(4, 16)
+    assert rehearse(Starts(), (x, torch.zeros(4, dtype=torch.long))) > 0

@@ -42,7 +42,9 @@ def _names(arch, *names):
 DIFFUSION = {
     **_names("flux", "flux1-dev.safetensors", "flux1-dev-fp8.safetensors",
              "flux1-dev-kontext_fp8_scaled.safetensors",
-             "flux1-krea-dev_fp8_scaled.safetensors", "pid_flux1_1024_to_4096_4step_bf16.safetensors"),
+             "flux1-krea-dev_fp8_scaled.safetensors"),
+    # PiD decodes a Flux latent in pixel space: PixelDiT with an LQ branch (standins_pid.py)
+    **_names("pid", "pid_flux1_1024_to_4096_4step_bf16.safetensors"),
     **_names("flux_schnell", "flux1-schnell.safetensors"),
     **_names("flux_inpaint", "flux1-fill-dev.safetensors",
              "flux.1-fill-dev-OneReward-transformer_fp8.safetensors"),
@@ -65,8 +67,9 @@ DIFFUSION = {
              "FireRed-Image-Edit-1.1-transformer.safetensors"),
     **_names("qwen_image_layered", "qwen_image_layered_bf16.safetensors",
              "qwen_image_layered_control_bf16.safetensors"),
-    **_names("wan21_t2v", "wan2.1_t2v_1.3B_fp16.safetensors", "wan2.1_t2v_14B_fp8_scaled.safetensors",
-             "causal_forcing-framewise.safetensors"),
+    **_names("wan21_t2v", "wan2.1_t2v_1.3B_fp16.safetensors", "wan2.1_t2v_14B_fp8_scaled.safetensors"),
+    # Wan 2.1 T2V's weights; its metadata names the causal class (standins_causal_wan.py)
+    **_names("wan21_causal_ar", "causal_forcing-framewise.safetensors"),
     **_names("cogvideox_fun_inpaint", "void_pass1.safetensors", "void_pass2.safetensors"),
     **_names("wan21_flf2v", "wan2.1_flf2v_720p_14B_fp16.safetensors"),
     **_names("wan21_i2v", "wan2.1_i2v_480p_14B_fp16.safetensors",

@@ -50,7 +50,12 @@ SAMPLE = {
     "image_qwen_image_union_control_lora": "Qwen-Image union control LoRA on a loaded image",
     "image_qwen_image_edit": "Qwen-Image Edit: the vision tower reads the image",
     "image_qwen_Image_2512_controlnet": "Qwen-Image Fun ControlNet: ControlNetLoader, "
-                                        "ControlNetApplyAdvanced (refused beside a GPU)",
+                                        "ControlNetApplyAdvanced (refused apart from the "
+                                        "diffusion model: it computes with its embedders)",
+    # SD3.5
+    "sd3.5_large_canny_controlnet_example": "SD3.5 Large checkpoint (CLIP-L, CLIP-G, T5) and "
+                                            "its ControlNet on the cpu: residuals hop to the "
+                                            "diffusion model's GPU, and across a split",
     # HiDream, SDXL, LTXV, Z-Image
     "hidream_i1_dev": "HiDream I1: QuadrupleCLIPLoader (CLIP-L, CLIP-G, T5, Llama 3.1), MoE blocks",
     "hidream_e1_1": "HiDream E1 image edit",
@@ -97,10 +102,11 @@ SAMPLE = {
 }
 
 
-# (template, way) -> what the pack says instead of placing it, in its one line: a
-# ControlNet on the cpu beside a diffusion model on a GPU (the explicit ways put every
-# other model on the cpu; on a simulated GPU a ControlNet cannot run inside ComfyUI)
-REFUSED = {("image_qwen_Image_2512_controlnet", way): "ControlNet residuals"
+# (template, way) -> what the pack says instead of placing it, in its one line: Qwen-Image's
+# Fun ControlNet on the cpu apart from a diffusion model on a GPU (the explicit ways put
+# every other model on the cpu; on a simulated GPU a ControlNet cannot run inside
+# ComfyUI), which computes with the diffusion model's own embedders
+REFUSED = {("image_qwen_Image_2512_controlnet", way): "diffusion model's own embedders"
            for way in ("stream", "layer")}
 
 
