@@ -76,6 +76,8 @@ def describe_object(component: str, obj, workload=None) -> ComponentInfo:
                                   getattr(workload, "rehearsed_input_bytes", 0))
         if workload is not None and component in ("diffusion", "controlnet"):
             info = with_cond_batch(info, workload.cond_batch)
+        if component == "controlnet":
+            info = with_control_kind(info, obj)
         if component == "diffusion" and workload is not None and \
                 not getattr(workload, "estimate_final", False):
             # sampling rehearses the first model call and plans again with what it
@@ -88,6 +90,18 @@ def describe_object(component: str, obj, workload=None) -> ComponentInfo:
         return ComponentInfo(component, sum(module_bytes(m) for m in modules),
                              sources=(label,),
                              warnings=(f"{component}: described by size only ({exc})",))
+
+
+def with_control_kind(info: ComponentInfo, control) -> ComponentInfo:
+    """A ControlNet that computes with the diffusion model's own modules cannot run
+    apart from it (its residuals cannot hop): named so, the planner keeps them together
+    (placement/controlnet_with_diffusion.py)."""
+    from dataclasses import replace
+    from ..runtime.comfy.control_hops import uses_diffusion_weights
+    from ..placement.controlnet_with_diffusion import WITH_DIFFUSION_WEIGHTS
+    if uses_diffusion_weights(control):
+        return replace(info, arch=WITH_DIFFUSION_WEIGHTS)
+    return info
 
 
 def with_rehearsal(info: ComponentInfo, working: int, per_device=(), inputs: int = 0

@@ -21,6 +21,17 @@ from .errors import PlacementError
 from .units import format_bytes
 
 
+# the arch a ControlNet is described with when it computes with the diffusion model's
+# own modules (Qwen-Image Fun: its embedders; nodes/planning.py names it): it runs on the
+# diffusion model's device or is refused
+WITH_DIFFUSION_WEIGHTS = "controlnet_with_diffusion_weights"
+
+
+def hopless(infos) -> bool:
+    cn = infos.get("controlnet")
+    return cn is not None and getattr(cn, "arch", "") == WITH_DIFFUSION_WEIGHTS
+
+
 def _both(plan):
     cn, dm = plan.components.get("controlnet"), plan.components.get("diffusion")
     if cn is None or dm is None or not (cn.present and dm.present):
@@ -60,9 +71,15 @@ def with_residuals(infos, choices, default: str):
     main device, where an explicit request puts the ControlNet elsewhere (unchanged
     otherwise): the plan then keeps the budget with them, or refuses in one line."""
     dm = infos.get("diffusion")
+    if dm is None or not will_be_apart(choices, default):
+        return infos
+    if hopless(infos):
+        raise PlacementError(
+            f"controlnet apart from the diffusion model (on {_main(choices, default)}): "
+            f"this ControlNet computes with the diffusion model's own embedders, so it "
+            f"runs on the diffusion model's device; put controlnet there")
     extra = residual_bytes(infos)
-    if dm is None or not extra or dm.headroom_bytes is None or \
-            not will_be_apart(choices, default):
+    if not extra or dm.headroom_bytes is None:
         return infos
     return dict(infos, diffusion=_plus(dm, extra, _main(choices, default)))
 
@@ -101,7 +118,7 @@ def together(plan, refit, infos=None) -> object:
         return _pinned_together(refit, first)
     except PlacementError as exc:
         failed = exc
-    if _room_for_residuals(plan, infos or {}):
+    if not hopless(infos or {}) and _room_for_residuals(plan, infos or {}):
         note(plan)
         return plan
     if first != "cpu":

@@ -75,15 +75,35 @@ def find_blocks(module: nn.Module, names: Optional[Sequence[str]] = None) -> Lis
     streamer learns the order that really runs on the first forward."""
     if names is not None:
         return _named_blocks(module, names)
+    found = _known_groups(module)
+    return found if found else _repeated(module)
+
+
+# a deeper module's known groups win over the shallowest's when they hold this many
+# times its bytes: SAM 3.1's shallowest list is its tracker's 3-layer pointer MLP
+# (`tracker.obj_ptr_proj.layers`, 0.04% of the weights) beside its ViT trunk's blocks
+# (86%); elsewhere the shallowest modules' groups are the model's blocks
+DEEPER_WINS = 4
+
+
+def _known_groups(module: nn.Module) -> List[Block]:
+    """Known block groups: the shallowest module holding two or more such blocks, unless
+    a deeper one's hold DEEPER_WINS times its bytes (then the heaviest)."""
+    candidates = []
     todo = deque([("", module)])
     while todo:
         prefix, mod = todo.popleft()
         found = _groups_of(mod)
         if len(found) >= 2:
-            return [(prefix + n, b) for n, b in found]
+            candidates.append([(prefix + n, b) for n, b in found])
+            continue                      # blocks' own inner groups are not candidates
         for name, child in mod.named_children():
             todo.append((f"{prefix}{name}.", child))
-    return _repeated(module)
+    if not candidates:
+        return []
+    weight = [sum(_bytes(b) for _, b in c) for c in candidates]
+    best = max(range(len(candidates)), key=weight.__getitem__)
+    return candidates[best] if weight[best] > DEEPER_WINS * weight[0] else candidates[0]
 
 
 def _bytes(m: nn.Module) -> int:

@@ -17,7 +17,7 @@ devices, so a tensor this mover did not bring fails as it would on a GPU.
 import copy
 import dataclasses
 import threading
-from typing import Callable, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import torch
 
@@ -61,6 +61,9 @@ def map_tensors(fn: Callable, x):
         for name, w in changed.items():
             object.__setattr__(out, name, w)
         return out
+    traverse = CONTAINERS.get(type(x))
+    if traverse is not None:        # a type a model family registered (memo caches)
+        return traverse(lambda v: map_tensors(fn, v), x)
     slots = _slots(type(x))
     if slots:                       # a value object (LTX-2's CompressedTimestep)
         changed = {}
@@ -76,6 +79,29 @@ def map_tensors(fn: Callable, x):
             object.__setattr__(out, name, w)
         return out
     return x
+
+
+# type -> traverse(map_one, obj): obj with map_one applied to what it holds (the same
+# object where nothing changed). For objects a family hands its blocks that hold
+# tensors in plain attributes (SeedVR2's memo Cache): register_container.
+CONTAINERS: Dict[type, Callable] = {}
+
+
+def register_container(cls: type, traverse: Callable) -> None:
+    """Let map_tensors (the split's moves, the rehearsal's hops) reach into `cls`."""
+    CONTAINERS[cls] = traverse
+
+
+def is_block_state(v) -> bool:
+    """A plain dict of tensors and scalars handed to a block: the block's own state,
+    which it writes into (Causal-Wan's per-layer KV caches: `kv_cache["k"][:, a:b] = k`,
+    `kv_cache["end"] = b`). Not copied when brought: its tensors move in it, so the state
+    lives on its block's device and its writes stay where the caller reads them."""
+    if type(v) is not dict or not v:
+        return False
+    values = v.values()
+    return any(isinstance(t, torch.Tensor) for t in values) and \
+        all(isinstance(t, (torch.Tensor, int, float, bool, type(None))) for t in values)
 
 
 def _slots(cls) -> tuple:
@@ -198,6 +224,16 @@ class Mover:
         """`x` (a tensor, or containers of them: map_tensors) with every tensor on
         device d."""
         return map_tensors(lambda t: self._bring_one(t, d), x)
+
+    def bring_block_args(self, args, kwargs, d: int):
+        """A block's arguments on device d; block state (`is_block_state`) is moved in
+        the caller's own dict, everything else as `bring` does."""
+        for v in list(args) + list(kwargs.values()):
+            if is_block_state(v):
+                for k, t in v.items():
+                    if isinstance(t, torch.Tensor):
+                        v[k] = self._bring_one(t, d)
+        return self.bring(args, d), self.bring(kwargs, d)
 
     def bring_within(self, x, d: int):
         """`x` with the tensors that are on another of the split's devices brought to

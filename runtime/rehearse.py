@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .crossings import JOINS, JoinsFollow, home_modules, hook_home
-from .moves import map_tensors
+from .crossings import JoinsFollow, home_modules, hook_home
+from .moves import is_block_state, map_tensors
 from .simcheck import _ALLOWED as FREE          # what touches no data: views, copy_, *_like
 from .subclass_check import plain_call
 from .units import BlockEvents
@@ -81,34 +81,71 @@ class _FusedAttention(TorchFunctionMode):
         if func in _BINCOUNT and args and isinstance(args[0], torch.Tensor) \
                 and args[0].is_meta:
             return _bincount_on_meta(*args, **kwargs)
-        if func in JOINS and args and isinstance(args[0], (list, tuple)):
-            args = (_all_meta_if_any(args[0]),) + tuple(args[1:])
         if func in _FROM_DATA and _python_data_on_meta(args, kwargs):
-            kwargs = dict(kwargs, device="cpu")
+            return func(*args, **dict(kwargs, device="cpu"))
+        if func in _LIKE and args and isinstance(args[0], torch.Tensor) and args[0].is_meta \
+                and kwargs.get("device") is not None \
+                and torch.device(kwargs["device"]).type != "meta":
+            # a weight copied to a host constant's device (ComfyUI's cast_to for an input
+            # made by _FROM_DATA): in the real run both are on one device, where the copy
+            # is no allocation unless it casts
+            dtype = kwargs.get("dtype")
+            if func is torch.empty_like and (dtype is None or dtype == args[0].dtype):
+                return args[0]
+            kwargs = dict(kwargs, device="meta")
+        if func not in _HOST_COUNTS:
+            args, kwargs = _host_operands_on_meta(args, kwargs)
         return func(*args, **kwargs)
 
 
-_FROM_DATA = (torch.tensor, torch.as_tensor)
+# operations whose host operand is values that size the output (SeedVR2 repeats its
+# timestep embedding per token by its samples' lengths; Qwen3-VL writes its image
+# features where a mask made by torch.zeros is set): they stay readable
+_HOST_COUNTS = (torch.repeat_interleave, torch.Tensor.repeat_interleave, torch.split,
+                torch.Tensor.split, torch.Tensor.__getitem__, torch.Tensor.__setitem__,
+                torch.Tensor.index_put_, torch.Tensor.index_put, torch.masked_select,
+                torch.Tensor.masked_select)
+_LIKE = (torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like,
+         torch.rand_like, torch.randn_like)
+
+
+def _host_operands_on_meta(args, kwargs):
+    """The host constants above (and host counts, `_bincount_on_meta`) meet the
+    rehearsed tensors in later operations (ACE-Step 1.5 joins its counts with a constant
+    made on the input's device; Qwen-VL indexes with positions computed from its image
+    grid): where an operation has meta operands, its host operands join them on meta,
+    as on the device every one of them would be on in the real run."""
+    flat = list(args) + list(kwargs.values())
+    seen = [t for v in flat for t in (v if isinstance(v, (list, tuple)) else (v,))
+            if isinstance(t, torch.Tensor)]
+    if not any(t.is_meta for t in seen) or all(t.is_meta for t in seen):
+        return args, kwargs
+
+    def meta(v):
+        if isinstance(v, torch.Tensor):
+            return v if v.is_meta else meta_like(v)
+        if isinstance(v, (list, tuple)) and any(isinstance(t, torch.Tensor) and not t.is_meta
+                                                for t in v):
+            return type(v)([meta(t) for t in v])
+        return v
+    return tuple(meta(a) for a in args), {k: meta(v) for k, v in kwargs.items()}
+
+
+# tensors made from Python values (ranges, grids), whose values code reads back
+_FROM_DATA = (torch.tensor, torch.as_tensor, torch.arange, torch.linspace, torch.zeros,
+              torch.ones, torch.full)
 
 
 def _python_data_on_meta(args, kwargs) -> bool:
     """A tensor made from Python values on the device being rehearsed (SeedVR2's
     `torch.as_tensor([x.shape[:-1] ...], device=hid.device)`, read back with `.tolist()`
-    to unflatten): made on the host, where its values stay readable. Only such small
-    constants are; tensors computed from the inputs stay on meta."""
+    to unflatten; Qwen-VL's `torch.linspace` of its image grid, read back to index its
+    position table): made on the host, where its values stay readable (and are not
+    metered: index vectors, small beside activations). Tensors computed from the
+    inputs stay on meta."""
     device = kwargs.get("device")
     return bool(args) and not isinstance(args[0], torch.Tensor) and device is not None \
         and torch.device(device).type == "meta"
-
-
-def _all_meta_if_any(tensors):
-    """A join of meta tensors with host ones (the counts `_bincount_on_meta` answers,
-    cumulated: ACE-Step 1.5 joins them with `torch.tensor([0], device=meta)`): all on
-    meta, as on the device every one of them would be on in the real run."""
-    if not any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
-        return tensors
-    return type(tensors)(meta_like(t) if isinstance(t, torch.Tensor) and not t.is_meta
-                         else t for t in tensors)
 
 
 _BINCOUNT = (torch.bincount, torch.Tensor.bincount)
@@ -243,6 +280,10 @@ def rehearse_split(module: torch.nn.Module, args: Tuple, kwargs: Dict[str, Any],
 
     def enter(gi, a, k):
         inside[0] = True
+        for v in list(a) + list(k.values()):    # block state moves in its dict (moves.py)
+            if is_block_state(v):
+                v.update({n: hops.bring(t, owner[gi]) for n, t in v.items()
+                          if isinstance(t, torch.Tensor)})
         return hops.bring(a, owner[gi]), hops.bring(k, owner[gi])
     events.on_call.append(enter)
 

@@ -241,7 +241,7 @@ class StagedEngine(Engine):
         d = self.owner[gi]
         mover = self.mover
         before, mover.served = mover.moved_here(), 0
-        args, kwargs = mover.bring(args, d), mover.bring(kwargs, d)
+        args, kwargs = mover.bring_block_args(args, kwargs, d)
         visit = self._visit
         # a hop: what crossed into a range's first block, or into a block after the
         # module's own code or another device's block ran (an order other than the

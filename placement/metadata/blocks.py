@@ -98,6 +98,9 @@ def _regex(tails: Dict[str, Tail], nested: bool):
 
 
 _REGEX = {fam: _regex(t, fam in NESTED) for fam, t in FAMILY_TAILS.items()}
+# a diffusion model with no known group at its root (SAM 3.1: a detector and a tracker,
+# each with its own nested blocks) is searched again for groups under any prefix
+_NESTED_DIFFUSION = _regex(FAMILY_TAILS["diffusion"], True)
 
 
 class Block(NamedTuple):
@@ -121,8 +124,14 @@ def find_blocks(tensors: Sequence[TensorInfo], family: str) -> BlockScan:
     """Blocks of `tensors` under `family`'s table, plus the byte tallies (one pass:
     this runs on every plan of a loaded model). Tensors outside any block are the
     component's resident rest (embeddings, norms, heads)."""
+    scan = _scan(tensors, family, _REGEX[family].match)
+    if not scan.blocks and family == "diffusion":
+        scan = _scan(tensors, family, _NESTED_DIFFUSION.match)
+    return scan
+
+
+def _scan(tensors: Sequence[TensorInfo], family: str, match) -> BlockScan:
     tails = FAMILY_TAILS[family]
-    match = _REGEX[family].match
     acc: Dict[str, list] = {}          # block name -> [group, index, nbytes, suffixes, tail]
     by_dtype: Dict[str, int] = {}
     by_quant: Dict[str, int] = {}

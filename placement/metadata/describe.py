@@ -322,7 +322,7 @@ def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.La
         cast = cast_copy_bytes(tensors, component, dtype, compute_dtype)
         if cast:
             room, basis = room + cast, (f"{basis} + a {compute_dtype} copy of its largest "
-                                        f"weight ({format_bytes(cast)})")
+                                        f"cast weight ({format_bytes(cast)})")
     return ComponentInfo(component=component, total_bytes=total, blocks=blocks, arch=arch,
                          dtype=dtype, quant=quant, headroom_bytes=room,
                          sources=paths or (label,),
@@ -334,16 +334,25 @@ def _describe_part(part: Part, expected: Optional[str], label: str, shape: hr.La
 
 def cast_copy_bytes(tensors, component: str, dtype: str, compute_dtype) -> int:
     """A text encoder computed in another dtype than its weights' (ComfyUI's manual
-    cast) copies each weight into the compute dtype while its layer computes: the
-    largest is its token embedding, which a language model that generates also uses as
-    its output layer (every step's logits read the whole of it). The per-token formula
-    does not hold it; a rehearsal would, but a generation loop cannot be rehearsed
-    weightless (its token values drive it)."""
+    cast) copies each layer's weight into the compute dtype while the layer computes:
+    its largest such weight, which the per-token formula does not hold. A token
+    embedding is gathered without a copy (16-bit weights), except where a language model
+    reads it whole as its output layer (tied embeddings, no `lm_head`: each generated
+    token's logits, `weight.to(x)`), as ACE-Step 1.5's text encoder does while it writes
+    its audio codes, a loop no rehearsal can run weightless (its tokens drive it)."""
     if component != "te" or not compute_dtype or compute_dtype == dtype:
         return 0
-    elements = max((_elements(t) for t in tensors
-                    if t.quant is None and t.dtype.startswith(("f", "bf"))), default=0)
-    return elements * activation_bytes(compute_dtype)
+    plain = [t for t in tensors if t.quant is None and t.dtype.startswith(("f", "bf"))]
+    layers = max((_elements(t) for t in plain if not _embedding(t.name)), default=0)
+    tied = not any("lm_head" in t.name for t in tensors)
+    output = max((_elements(t) for t in plain if t.name.endswith("model.embed_tokens.weight")),
+                 default=0) if tied else 0
+    return max(layers, output) * activation_bytes(compute_dtype)
+
+
+def _embedding(name: str) -> bool:
+    leaf = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else name
+    return "embed" in leaf or name.endswith("shared.weight")
 
 
 def _elements(t: TensorInfo) -> int:

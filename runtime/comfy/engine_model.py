@@ -11,6 +11,7 @@ import torch
 import comfy.patcher_extension as ext
 
 from ...placement.errors import PlacementError
+from .family_containers import register as register_family_containers
 from .batch_parallel import batch_parallel_note, session_class
 from .sampling_session import diffusion_file, engine_clone
 from .engine_patcher import KEY
@@ -18,6 +19,8 @@ from .gguf_models import is_gguf_module, missing_file_error
 from .shares import register_shares
 from .worker_ranges import (check_patches, names_workers, remote_block_devices,
                             remote_block_names, remote_setup)
+
+register_family_containers()      # what its blocks are handed (SeedVR2's Cache)
 
 
 def place_model_with_engine(model, plan, inventory, workers=None) -> Tuple[object, List[str]]:

@@ -65,18 +65,47 @@ class EngineLoad:
             comfy.model_patcher.wipe_lowvram_weight(m)
         super().load(device_to, lowvram_model_memory=NOTHING, force_patch_weights=False,
                      full_load=False)
+        self._reshaped = self._patch_reshaping_weights(device_to)
         self._check_runtime_patches()
 
-    def _check_runtime_patches(self):
-        """Every patched weight must belong to a castable layer, or its patch would be lost."""
+    def _patch_reshaping_weights(self, device_to) -> set:
+        """A patch that changes its weight's shape (a control LoRA widening Flux's img_in
+        from 64 to 128 input channels) is applied at load, as ComfyUI applies it
+        (`patch_weight_to_device`, which keeps the original in the patcher's backup and
+        puts it back on unpatch): ComfyUI reads the patched shape before the forward
+        (Flux's concat_cond), so the weight cannot wait for its layer to compute. Its
+        run-time patch function is dropped, or the patch would apply twice."""
         import comfy.lora
         import comfy.model_patcher
+        import comfy.utils
+        reshaped = set()
+        for key in list(self.patches):
+            weight, _, _ = comfy.model_patcher.get_key_weight(self.model, key)
+            if weight is None:
+                continue
+            shape = comfy.lora.calculate_shape(self.patches[key], weight, key)
+            if shape is None or tuple(shape) == tuple(weight.shape):
+                continue
+            owner, _, param = key.rpartition(".")
+            module = comfy.utils.get_attr(self.model, owner) if owner else self.model
+            functions = getattr(module, f"{param}_function", None)
+            if isinstance(functions, list):
+                functions[:] = [f for f in functions if getattr(f, "key", None) != key]
+            self.patch_weight_to_device(key, device_to=device_to)
+            reshaped.add(key)
+        return reshaped
+
+    def _check_runtime_patches(self):
+        """Every patched weight must belong to a castable layer, or its patch would be lost
+        (a reshaping one was applied at load: _patch_reshaping_weights)."""
         import comfy.utils
         session = self.attachments.get(KEY)
         if getattr(session, "remote_blocks", None):      # worker_ranges.py
             from .worker_ranges import check_patches
             check_patches(self.patches, session.remote_blocks)
         for key in self.patches:
+            if key in getattr(self, "_reshaped", ()):
+                continue
             owner, _, _ = key.rpartition(".")
             try:
                 module = comfy.utils.get_attr(self.model, owner) if owner else self.model
@@ -88,19 +117,6 @@ class EngineLoad:
                     f"ComfyUI's cast ops, so the patch cannot be applied at run time to a "
                     f"placed (streamed/disk/simulated) model; place the model without "
                     f"stream_layers/disk, or drop that patch")
-            # a patch that changes the weight's shape (a control LoRA widening Flux's
-            # img_in): ComfyUI reads the patched shape before the forward (Flux's
-            # concat_cond), and loads such weights patched itself (model_patcher.py)
-            weight, _, _ = comfy.model_patcher.get_key_weight(self.model, key)
-            if weight is not None:
-                shape = comfy.lora.calculate_shape(self.patches[key], weight, key)
-                if shape is not None and tuple(shape) != tuple(weight.shape):
-                    raise PlacementError(
-                        f"patch on {key!r} reshapes the weight {tuple(weight.shape)} to "
-                        f"{tuple(shape)} (a control LoRA such as Flux Depth/Canny LoRA): "
-                        f"the pack applies patches as layers compute and cannot reshape a "
-                        f"placed weight; place this model without stream_layers/disk/split "
-                        f"(or on the cpu), or use the full control model instead of the LoRA")
 
     def model_size(self):
         # ComfyUI's memory manager frees room on the load device for model_size() minus

@@ -102,3 +102,21 @@ def test_auto_fit_keeps_them_together_or_reserves_the_hops(files, gpus):
     assert any("ControlNet's residuals" in r for r in dm.reasons)
     main = {d.name: d for d in p.devices}[dm.main_device]
     assert main.planned_bytes <= main.room_bytes
+
+
+def test_a_controlnet_that_computes_with_the_diffusion_weights_never_runs_apart(files):
+    """Qwen-Image's Fun ControlNet calls the diffusion model's own embedders (described
+    so by the node: nodes/planning.with_control_kind): refused apart in one line, and
+    auto-fit keeps the two on one device."""
+    import dataclasses
+    from comfyui_placement.placement.controlnet_with_diffusion import WITH_DIFFUSION_WEIGHTS
+    comps = components(files)
+    comps["controlnet"] = dataclasses.replace(comps["controlnet"], arch=WITH_DIFFUSION_WEIGHTS)
+    with pytest.raises(PlacementError) as err:
+        plan(APART, real(24), comps, executor="comfyui")
+    assert "\n" not in str(err.value) and "own embedders" in str(err.value)
+    for gpus in [(24,), (8,), (4,)]:
+        p = plan(PlacementSpec(auto_fit=True), real(*gpus), comps, resolution=(1024, 1024),
+                 executor="comfyui")
+        cn, dm = p.components["controlnet"], p.components["diffusion"]
+        assert cn.main_device == dm.main_device, (gpus, cn.runtime, dm.runtime)

@@ -361,19 +361,38 @@ def test_sharded_checkpoint_is_read_as_one(write):
 
 def test_a_text_encoder_computed_in_another_dtype_holds_a_cast_copy_of_its_largest_weight(
         write):
-    """ComfyUI's manual cast copies each weight into the compute dtype while its layer
-    computes; a language model that generates reads its whole token embedding for every
-    step's logits (ACE-Step 1.5's: the copy ran a simulated GPU out of memory)."""
-    layout = dict(tf.repeated({"model.layers": 2}),
-                  **{"model.embed_tokens.weight": ("BF16", (4096, 32))})
-    path = write("te.safetensors", layout)
-    as_stored = describe_component("te", [path])
-    cast = describe_component("te", [path], compute_dtype="f32")
-    assert cast.total_bytes == as_stored.total_bytes
-    # float32 activations, plus the embedding (the largest weight) in float32
+    """ComfyUI's manual cast copies each layer's weight into the compute dtype while the
+    layer computes; a token embedding is gathered without one, except where a language
+    model reads it whole as its output layer (tied embeddings): each generated token's
+    logits (ACE-Step 1.5's text encoder: the copy ran a simulated GPU out of memory)."""
+    layers = tf.repeated({"model.layers": 2}, hidden=32)     # largest: 128 x 32 (the MLP)
+    embedding = {"model.embed_tokens.weight": ("BF16", (4096, 32))}
+    tied = write("tied.safetensors", dict(layers, **embedding))
+    untied = write("untied.safetensors", dict(layers, **embedding,
+                                              **{"lm_head.weight": ("BF16", (64, 32))}))
+    as_stored = describe_component("te", [tied])
     per_token_f32 = 2 * (as_stored.headroom_bytes - hr.WORKSPACE)
+    cast = describe_component("te", [tied], compute_dtype="f32")
+    assert cast.total_bytes == as_stored.total_bytes
     assert cast.headroom_bytes - hr.WORKSPACE == per_token_f32 + 4096 * 32 * 4
-    assert "copy of its largest weight" in cast.headroom_basis
+    assert "copy of its largest cast weight" in cast.headroom_basis
+    head = describe_component("te", [untied], compute_dtype="f32")
+    assert head.headroom_bytes - hr.WORKSPACE == per_token_f32 + 128 * 32 * 4
     diffusion = describe_component("diffusion", [write("d.safetensors", tf.repeated(
         {"double_blocks": 2, "single_blocks": 1}))], compute_dtype="f32")
-    assert "largest weight" not in diffusion.headroom_basis     # rehearsed, not estimated
+    assert "cast weight" not in diffusion.headroom_basis     # rehearsed, not estimated
+
+
+def test_a_diffusion_model_with_no_root_group_finds_its_nested_blocks(write):
+    """SAM 3.1: a detector and a tracker, each with its blocks under its own prefix; no
+    known group at the root. Found under any prefix, it streams block by block instead
+    of as one block that must fit whole."""
+    layout = dict(tf.repeated({"detector.backbone.trunk.blocks": 3}),
+                  **tf.repeated({"tracker.obj_ptr_proj.layers": 2}, hidden=8),
+                  **{"detector.query_embed.weight": ("BF16", (16, 32))})
+    info, = describe(write("sam.safetensors", layout), "diffusion")
+    assert names(info) == ["detector.backbone.trunk.blocks.0", "detector.backbone.trunk.blocks.1",
+                           "detector.backbone.trunk.blocks.2", "tracker.obj_ptr_proj.layers.0",
+                           "tracker.obj_ptr_proj.layers.1"]
+    flux, = describe(write("f.safetensors", tf.repeated({"double_blocks": 2})), "diffusion")
+    assert names(flux) == ["double_blocks.0", "double_blocks.1"]     # root groups as before

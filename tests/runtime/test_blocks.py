@@ -120,3 +120,36 @@ def test_levels_of_layers_give_their_layers_as_blocks():
     m.up_blocks = nn.ModuleList([nn.ModuleList([lin()]), nn.ModuleList([lin(), lin()])])
     assert names(m) == ["down_blocks.0.0", "down_blocks.0.1", "down_blocks.1.0",
                         "up_blocks.0.0", "up_blocks.1.0", "up_blocks.1.1"]
+
+
+def test_a_deeper_group_holding_most_of_the_weights_wins_over_a_tiny_shallow_one():
+    """SAM 3.1: the shallowest known group is its tracker's 3-layer pointer MLP
+    (`tracker.obj_ptr_proj.layers`); its ViT trunk's blocks, one level deeper, hold
+    nearly all the weights and are what streams."""
+    from torch import nn
+    from comfyui_placement.runtime.blocks import find_blocks
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(3))
+
+    class Trunk(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(64, 64) for _ in range(4))
+
+    class Sam(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tracker = nn.Module()
+            self.tracker.obj_ptr_proj = Mlp()
+            self.detector = nn.Module()
+            self.detector.backbone = nn.Module()
+            self.detector.backbone.trunk = Trunk()
+
+    names = [n for n, _ in find_blocks(Sam())]
+    assert names == [f"detector.backbone.trunk.blocks.{i}" for i in range(4)]
+    small = Sam()
+    small.detector.backbone.trunk = Mlp()          # alike in size: the shallowest stays
+    assert [n for n, _ in find_blocks(small)][0] == "tracker.obj_ptr_proj.layers.0"

@@ -119,3 +119,22 @@ class Starts(nn.Module):
 def test_a_join_of_host_counts_and_meta_constants_rehearses():
     x = torch.empty(4, 16)
     assert rehearse(Starts(), (x, torch.zeros(4, dtype=torch.long))) > 0
+
+
+class Grid(nn.Module):
+    """Qwen-VL's vision tower: positions from a linspace over its image grid, read back
+    with .tolist(); image features written where a mask made by torch.zeros is set."""
+
+    def forward(self, x):
+        pos = torch.linspace(0, 3, x.shape[1], device=x.device)
+        idx = torch.tensor([int(p) for p in pos.tolist()], device=x.device)
+        mask = torch.zeros(x.shape[1], dtype=torch.bool, device=x.device)
+        mask[:2] = True
+        y = x * 2
+        y[:, mask] = y[:, mask] + x[:, idx][:, :2]
+        return y
+
+
+def test_positions_and_masks_made_from_python_values_rehearse():
+    x = torch.empty(1, 6, 8)
+    assert rehearse(Grid(), (x,)) >= x.numel() * 4          # at least y itself

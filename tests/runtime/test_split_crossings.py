@@ -391,3 +391,117 @@ def test_the_crossings_hooks_leave_with_the_placement():
     assert hooks == [(len(m._forward_pre_hooks), len(m._forward_hooks))
                      for m in model.modules()]
     assert "forward" not in model.__dict__
+
+
+# -- what blocks keep or share between calls ---------------------------------------------
+class CachedLayer(nn.Module):
+    """Causal-Wan's attention block (comfy/ldm/wan/ar_model.py): its own KV cache dict,
+    written in place at each call (`k[:, end:new] = ...`, `end = new`), read whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, kv_cache):
+        end, new = kv_cache["end"], kv_cache["end"] + x.shape[1]
+        kv_cache["k"][:, end:new] = self.lin(x)
+        kv_cache["end"] = new
+        return x + kv_cache["k"][:, :new].mean(dim=1, keepdim=True)
+
+
+class Autoregressive(nn.Module):
+    def __init__(self, n=4):
+        super().__init__()
+        self.blocks = nn.ModuleList(CachedLayer() for _ in range(n))
+
+    def forward(self, x, caches):
+        for blk, cache in zip(self.blocks, caches):
+            x = blk(x, kv_cache=cache)
+        return x
+
+
+def test_a_blocks_own_state_dict_moves_with_it_and_keeps_its_writes():
+    torch.manual_seed(0)
+    model = Autoregressive().eval()
+    frames = [torch.randn(1, 2, WIDTH) for _ in range(3)]
+
+    def caches():
+        return [{"k": torch.zeros(1, 6, WIDTH), "end": 0} for _ in model.blocks]
+
+    with torch.no_grad():
+        mine = caches()
+        want = [model(f, mine) for f in frames]
+    inv = Inventory.simulated("cuda0=16GiB,cuda1=16GiB")
+    spec = PlacementSpec(backend="diffusion=cuda0&cuda1", split_mode="diffusion=layer")
+    p = plan(spec, inv, {"diffusion": model})
+    theirs = caches()
+    with torch.no_grad(), place(model, p, "diffusion", inv) as placed:
+        got = [model(f, theirs) for f in frames]
+        stats = placed.stats()
+    assert "cuda1" in stats["ranges"]
+    for g, w in zip(got, want):            # each step reads what the earlier ones wrote
+        torch.testing.assert_close(g, w)
+    assert [c["end"] for c in theirs] == [6] * 4                   # the caller's dicts
+    for c, m in zip(theirs, mine):
+        torch.testing.assert_close(c["k"], m["k"])
+
+
+class Memo:
+    """SeedVR2's Cache (comfy/ldm/seedvr/model.py): a per-forward memo its blocks share,
+    filled by the first block that asks, holding tensors and functions over tensors."""
+
+    def __init__(self, store=None):
+        self.store = {} if store is None else store
+
+    def __call__(self, key, fn):
+        if key not in self.store:
+            self.store[key] = fn()
+        return self.store[key]
+
+
+class MemoBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, emb, memo):
+        rep = memo("emb", lambda: emb.repeat(1, x.shape[1], 1))      # made by the first block
+        idx = torch.arange(x.shape[1] - 1, -1, -1, device=x.device)
+        flip = memo("flip", lambda: (lambda h: torch.index_select(h, 1, idx)))
+        return flip(torch.relu(self.lin(x)) + rep)
+
+
+class MemoStack(nn.Module):
+    def __init__(self, n=4):
+        super().__init__()
+        self.emb = nn.Linear(WIDTH, WIDTH)
+        self.blocks = nn.ModuleList(MemoBlock() for _ in range(n))
+
+    def forward(self, x, t):
+        memo, emb = Memo(), self.emb(t)[:, None]
+        for blk in self.blocks:
+            x = blk(x, emb, memo)
+        return x
+
+
+def _memo_traverse(map_one, memo):
+    brought, moved = {}, False
+    for k, v in memo.store.items():
+        if callable(v):
+            continue                      # a function over another device's tensors
+        brought[k] = map_one(v)
+        moved = moved or brought[k] is not v
+    return Memo(brought) if moved else memo
+
+
+def test_a_registered_container_is_brought_into_each_block(monkeypatch):
+    from comfyui_placement.runtime import moves
+    torch.manual_seed(0)
+    model = MemoStack().eval()
+    x, t = torch.randn(2, 5, WIDTH), torch.randn(2, WIDTH)
+    with pytest.raises(Exception, match="two devices"):   # unregistered: a GPU refuses it
+        split(model, x, t)
+    monkeypatch.setitem(moves.CONTAINERS, Memo, _memo_traverse)
+    want, got, blocks, stats = split(model, x, t)
+    assert "cuda1" in blocks
+    torch.testing.assert_close(got, want)

@@ -91,6 +91,8 @@ def shrink(prompt: dict, least=None) -> dict:
                 inputs[k] = TOKENS
             elif base == "octree_resolution" and v > OCTREE:
                 inputs[k] = OCTREE
+            elif base == "size" and cls == "TripoSplatPreprocessImage" and v > SIDE:
+                inputs[k] = _accepted(SIDE, least and least(cls, k))   # its square's side
             elif base in PAD_INPUTS and "Pad" in cls and isinstance(v, int) and v > PAD:
                 inputs[k] = PAD
         w, h = known.get("width"), known.get("height")

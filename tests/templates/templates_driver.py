@@ -26,6 +26,7 @@ import os
 import sys
 import time
 import traceback
+import zlib
 
 
 def parse_args():
@@ -76,6 +77,7 @@ import standins  # noqa: E402
 import standins_checkpoints2  # noqa: E402
 import standins_hunyuan15  # noqa: E402
 import standins_llm  # noqa: E402
+import standins_pose3d  # noqa: E402
 import standins_utilities  # noqa: E402
 import standins_wan_more  # noqa: E402
 import vision  # noqa: E402
@@ -114,6 +116,10 @@ def capture_outputs():
         if _TAG[0] is not None and not str(unique_id).startswith("placement:") and \
                 getattr(obj, "OUTPUT_NODE", False):
             CAPTURED.setdefault(_TAG[0], {})[str(unique_id)] = tensors_in(input_data_all, [])
+        # each node starts torch's global generator at a seed of its own: a node that draws
+        # unseeded noise from it (VOID's warped noise, comfy_extras/void_noise_warp.py)
+        # draws the same in every way, whichever nodes ran before it or came from the cache
+        torch.manual_seed(zlib.crc32(str(unique_id).encode()))
         return await original(prompt_id, unique_id, obj, input_data_all, *a, **kw)
     execution.get_output_data = get_output_data
 
@@ -505,6 +511,7 @@ async def main():
     standins_utilities.install_hook()
     standins_wan_more.install_hook()
     standins_checkpoints2.install_hook()
+    standins_pose3d.install_hook()
     capture_outputs()
     with open(ARGS.prompts) as fh:
         prompts = json.load(fh)
