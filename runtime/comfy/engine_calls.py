@@ -61,9 +61,14 @@ class MethodCall(torch.nn.Module):
 class CallSession:
     """One plan for one component; a placement per call, stats of each call kept."""
 
-    def __init__(self, plan, component: str, inventory, weights_file=None, key_map=None):
+    def __init__(self, plan, component: str, inventory, weights_file=None, key_map=None,
+                 refuses_short: bool = False):
         self.plan = plan
         self.component = component
+        # a call whose rehearsed need passes its device's room is refused before any
+        # weight moves: a text encoder's caller has no out-of-memory fallback (the VAE's
+        # does: ComfyUI retries tiled on the out-of-memory, each tile a smaller call)
+        self.refuses_short = refuses_short
         self.inventory = inventory
         self.weights_file = weights_file
         self.key_map = key_map
@@ -173,7 +178,31 @@ class CallSession:
                                    estimate_bytes=cp.headroom_bytes)
         record["planned"] = {d: int(weights.get(d, 0)) + headroom[d] for d in cp.runtime
                              if self.plan.device(d).kind != "cpu"}
+        if self.refuses_short:
+            self._refuse_short(method, cp, weights, headroom, record["planned"])
         return {"headroom_bytes": headroom}
+
+    def _refuse_short(self, method: str, cp, weights, headroom, planned) -> None:
+        """One device holding every weight for the call (resident or staged): the
+        engine checks weights + working memory against the room only after its own
+        rehearsal (one_device.py), which the call's rehearsal above replaces; so the
+        check is made here, in one line, before any weight moves. A stream re-sizes its
+        prefix in the room left and a split its ranges: the engine refuses those."""
+        if cp.stream is not None or cp.is_split or cp.parallel == "batch":
+            return
+        from ...placement.units import format_bytes as fb
+        from ..footprint import capacity
+        for d, need in planned.items():
+            room = capacity(self.plan, self.inventory, d)
+            if need > room:
+                raise PlacementError(
+                    f"{self.component}: {method} needs {fb(need)} on {d} "
+                    f"({fb(weights.get(d, 0))} of weights beside {fb(headroom[d])} of "
+                    f"working memory rehearsed at this call's inputs; the plan kept "
+                    f"{fb(cp.headroom_on(d))}), but its room is {fb(room)}, short by "
+                    f"{fb(need - room)}; give {d} more room (max_vram), stream the "
+                    f"{self.component}'s blocks (stream_layers, params cpu) or run it "
+                    f"on the cpu")
 
     def planned_by_device(self, methods=None) -> dict:
         """{device: bytes} the last rehearsed call (of `methods`, default any) planned, the
@@ -248,7 +277,8 @@ def place_clip_with_engine(clip, plan, inventory) -> Tuple[object, List[str]]:
     load = torch.device("cpu") if device.simulated else torch.device(device.torch_device)
     placed = clip.clone()
     placed.patcher, notes = engine_clone(clip.patcher, load, torch.device("cpu"), "te")
-    session = CallSession(plan, "te", inventory, weights_file=weights_file, key_map=key_map)
+    session = CallSession(plan, "te", inventory, weights_file=weights_file, key_map=key_map,
+                          refuses_short=True)
     placed.patcher.set_attachments("placement", session)
     _callbacks(placed.patcher, session)
     placed.cond_stage_model = EngineModuleProxy(placed.patcher.model, session,

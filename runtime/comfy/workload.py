@@ -279,7 +279,7 @@ class SamplingReplanner:
         self.models: list = []           # [(plan key, base patcher, placed clone)]
         self.vae_input, self.vae_output = vae_input, vae_output
         self.vae_states: Dict[str, dict] = {}
-        self.vae_key = placement_key(plan, "vae")
+        self.vae_key = self.first_vae_key = placement_key(plan, "vae")
         if vae_output is not None:
             self.vae_states[self.vae_key] = dict(vae_output.__dict__)
         self.last: Optional[Tuple[Workload, Plan]] = None
@@ -471,7 +471,11 @@ class SamplingReplanner:
 
     def _use_vae(self, plan: Plan) -> None:
         """The VAE output decodes after sampling: give it the placement of this plan (it
-        is this node's own copy, re-placed from the VAE input)."""
+        is this node's own copy, re-placed from the VAE input) for its decodes. Its
+        encodes keep the node-time placement: the re-plan sized the VAE for the decode of
+        this run's latent, and a later node may encode at its own size (Qwen-Image Edit
+        encodes its reference image at a megapixel, whatever the latent), which the
+        node-time plan was made for."""
         if self.vae_output is None or self.vae_input is None:
             return
         key = placement_key(plan, "vae")
@@ -481,6 +485,11 @@ class SamplingReplanner:
         if state is None:
             placed = self.place(plan, {"vae": self.vae_input})["vae"]
             state = self.vae_states[key] = dict(placed.__dict__)
+        first = self.vae_states.get(self.first_vae_key)
+        if key != self.first_vae_key and first is not None:
+            node_time = object.__new__(type(self.vae_output))
+            node_time.__dict__.update(first)
+            state = dict(state, encode=node_time.encode, encode_tiled=node_time.encode_tiled)
         self.vae_output.__dict__.clear()
         self.vae_output.__dict__.update(state)
         self.vae_key = key
