@@ -32,6 +32,7 @@ import torch
 
 from ...placement.errors import PlacementError
 from ...runtime.hoststore import drop_store, store_for
+from ...runtime.moves import map_tensors
 from ...runtime.place import place
 from ...runtime.shadow import Shadow
 from .sampling_session import engine_clone, note_cast_path
@@ -58,17 +59,30 @@ class MethodCall(torch.nn.Module):
         return getattr(self.inner, self.method)(*args, **kwargs)
 
 
+class CallDoesNotFit(PlacementError):
+    """A call's rehearsed need passes its device's room (CallSession._refuse_short)."""
+
+
+def _tensors(args, kwargs):
+    found = []
+    map_tensors(lambda t: found.append(t) or t, (args, kwargs))
+    return found
+
+
 class CallSession:
     """One plan for one component; a placement per call, stats of each call kept."""
 
     def __init__(self, plan, component: str, inventory, weights_file=None, key_map=None,
-                 refuses_short: bool = False):
+                 host_when_short=()):
         self.plan = plan
         self.component = component
-        # a call whose rehearsed need passes its device's room is refused before any
-        # weight moves: a text encoder's caller has no out-of-memory fallback (the VAE's
-        # does: ComfyUI retries tiled on the out-of-memory, each tile a smaller call)
-        self.refuses_short = refuses_short
+        # the methods whose call, when its rehearsed need passes its device's room, runs
+        # on the host before any weight moves (_on_the_host): a text encoder's caller has
+        # no out-of-memory fallback; a VAE's encode retried tiled on an out-of-memory gives
+        # another latent (0.19 of its largest value on Qwen-Image Edit's reference image),
+        # which changes the whole sample. A decode keeps ComfyUI's tiled retry (each tile
+        # a smaller call): its seams are the image's own.
+        self.host_when_short = tuple(host_when_short)
         self.inventory = inventory
         self.weights_file = weights_file
         self.key_map = key_map
@@ -123,7 +137,10 @@ class CallSession:
                        "key_map": lambda k: inner_map(k[len(WRAPPED):])}
         cp = self.plan.components[self.component]
         record = {"method": method, "outcome": "raised"}
-        options.update(self._rehearsed(module, wrapper, method, args, kwargs, record))
+        try:
+            options.update(self._rehearsed(module, wrapper, method, args, kwargs, record))
+        except CallDoesNotFit as short:
+            return self._on_the_host(module, method, args, kwargs, record, str(short))
         # row split: ComfyUI's LoRA patches on the sharded Linears go in as lora= (row_lora)
         with row_lora_options(wrapper, cp) as lora_options:
             # the call was rehearsed above (rehearse_call.py): no second rehearsal
@@ -178,9 +195,30 @@ class CallSession:
                                    estimate_bytes=cp.headroom_bytes)
         record["planned"] = {d: int(weights.get(d, 0)) + headroom[d] for d in cp.runtime
                              if self.plan.device(d).kind != "cpu"}
-        if self.refuses_short:
+        if method in self.host_when_short:
             self._refuse_short(method, cp, weights, headroom, record["planned"])
         return {"headroom_bytes": headroom}
+
+    def _on_the_host(self, module, method: str, args, kwargs, record, why: str):
+        """A call its device cannot hold, by the working memory rehearsed at its inputs,
+        runs on the host instead, unplaced: the module's own weights rest there (the
+        engine moves only its copy), its LoRA patches apply as ComfyUI's cast path
+        applies them, and no device memory is used past the plan. Said in a warning and
+        in the call's record (the node's stats); its result goes back to the caller's
+        device. As the diffusion model's run is planned again when its first call's
+        rehearsal does not fit (workload.py), this call is: onto the host."""
+        caller = next((t.device for t in _tensors(args, kwargs)), None)
+        host = torch.device("cpu")
+        a = map_tensors(lambda t: t.to(host), args)
+        k = map_tensors(lambda t: t.to(host), kwargs)
+        log.warning("placement %s: %s; this call runs on the cpu", self.component, why)
+        record.update(fallback=f"ran on the cpu: {why}")
+        self.calls.append(record)
+        out = getattr(module, method)(*a, **k)
+        record["outcome"] = "ok (on the cpu)"
+        if caller is None or caller == host:
+            return out
+        return map_tensors(lambda t: t.to(caller), out)
 
     def _refuse_short(self, method: str, cp, weights, headroom, planned) -> None:
         """One device holding every weight for the call (resident or staged): the
@@ -195,7 +233,7 @@ class CallSession:
         for d, need in planned.items():
             room = capacity(self.plan, self.inventory, d)
             if need > room:
-                raise PlacementError(
+                raise CallDoesNotFit(
                     f"{self.component}: {method} needs {fb(need)} on {d} "
                     f"({fb(weights.get(d, 0))} of weights beside {fb(headroom[d])} of "
                     f"working memory rehearsed at this call's inputs; the plan kept "
@@ -252,7 +290,8 @@ def place_vae_with_engine(vae, plan, inventory) -> Tuple[object, List[str]]:
     load = torch.device("cpu") if device.simulated else torch.device(device.torch_device)
     placed = copy.copy(vae)
     placed.patcher, notes = engine_clone(vae.patcher, load, torch.device("cpu"), "vae")
-    session = CallSession(plan, "vae", inventory, weights_file=_vae_file(vae))
+    session = CallSession(plan, "vae", inventory, weights_file=_vae_file(vae),
+                          host_when_short=("encode",))
     placed.patcher.set_attachments("placement", session)
     _callbacks(placed.patcher, session)
     placed.first_stage_model = EngineModuleProxy(placed.patcher.model, session)
@@ -278,7 +317,7 @@ def place_clip_with_engine(clip, plan, inventory) -> Tuple[object, List[str]]:
     placed = clip.clone()
     placed.patcher, notes = engine_clone(clip.patcher, load, torch.device("cpu"), "te")
     session = CallSession(plan, "te", inventory, weights_file=weights_file, key_map=key_map,
-                          refuses_short=True)
+                          host_when_short=("encode_token_weights",))
     placed.patcher.set_attachments("placement", session)
     _callbacks(placed.patcher, session)
     placed.cond_stage_model = EngineModuleProxy(placed.patcher.model, session,

@@ -451,13 +451,14 @@ async def start_comfy(pack_dir, work):
 def pipeline(backend="", params_backend="", strict=False, placed=True, tag="run", keep=False,
              lora=None, interrupt_at=None, keep_placed=False, batch=1, keep_placed_vae=False,
              tiled_decode=False, text=False, te_lora=False, unet="tiny_flux.safetensors",
-             lora_name="tiny_flux_lora.safetensors", keep_loader_clip=False, **flags):
+             lora_name="tiny_flux_lora.safetensors", keep_loader_clip=False,
+             weight_dtype="default", **flags):
     """UNETLoader + VAELoader -> [Backend Assignment -> Apply Placement] -> KSampler ->
     VAEDecode -> sink, plus the keep node on the loaders' own outputs."""
     model, vae = ["1", 0], ["2", 0]
     prompt = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": unet,
-                                                     "weight_dtype": "default"}},
+                                                     "weight_dtype": weight_dtype}},
         "2": {"class_type": "VAELoader", "inputs": {"vae_name": "tiny_taesd.safetensors"}},
         "3": {"class_type": "PlacementTestConditioning", "inputs": {"seed": 1}},
         "4": {"class_type": "PlacementTestConditioning", "inputs": {"seed": 2}},
@@ -1128,6 +1129,17 @@ async def streaming_scenarios(executor, loader_model):
             # the LoRA was applied to arriving blocks only: the resting weights are the file's
             out[tag + "_resting_unpatched"] = same_weights(weights_before,
                                                            module_weights(loader_model))
+        # fp8 weights with a LoRA: ComfyUI's full load rounds each patched weight back to
+        # fp8 (stochastic rounding seeded by its key); the engine's run-time patch must
+        # give the same weights (engine_patcher.RoundAsLoaded)
+        out["lora_fp8_reference"] = await run_prompt(executor, pipeline(
+            placed=False, lora="before", weight_dtype="fp8_e4m3fn", tag="lora_fp8_reference"),
+            "lora_fp8_reference")
+        tag = "lora_fp8_stream"
+        out[tag] = await run_prompt(executor, pipeline(
+            params_backend="diffusion=cpu", lora="before", weight_dtype="fp8_e4m3fn", tag=tag,
+            **base), tag)
+        out[tag + "_image"] = compare(tag, "lora_fp8_reference")
         # lora_mode runtime on a resident model (cpu, nothing streamed): ComfyUI would fuse;
         # the engine keeps the weights unpatched and ComfyUI's cast path patches each forward
         tag = "lora_runtime_resident"

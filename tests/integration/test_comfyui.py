@@ -347,6 +347,17 @@ def test_lora_under_streaming_equals_comfyui_fused_lora(results, case):
     assert s[f"{case}_resting_unpatched"]          # never baked into the resting copy
 
 
+def test_fp8_weights_with_a_lora_under_streaming_equal_comfyui_fused(results):
+    """ComfyUI's full load patches an fp8 weight in float32 and rounds it back to fp8
+    (stochastic rounding seeded by the key); the engine patches as layers compute, and
+    rounds the same way (engine_patcher.RoundAsLoaded): the same image, bit for bit
+    (Wan VACE's fp8 weights with a CausVid LoRA differed by 3% without it)."""
+    s = results["streaming"]
+    _ok(s["lora_fp8_reference"])
+    _ok(s["lora_fp8_stream"])
+    assert s["lora_fp8_stream_image"]["max_abs_diff"] == 0, s["lora_fp8_stream_image"]
+
+
 def test_lora_mode_runtime_on_a_resident_model(results):
     """lora_mode runtime: the engine runs a model ComfyUI would have fused, the patches
     apply at each forward, and the result equals ComfyUI's fused LoRA."""
