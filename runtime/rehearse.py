@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .crossings import JoinsFollow, home_modules, hook_home
 from .moves import is_block_state, map_tensors
@@ -54,6 +55,23 @@ def _leaving_meta(func, args, kwargs) -> bool:
     return target is not None and torch.device(target).type != "meta"
 
 
+def _index_to_meta(func, args, kwargs) -> bool:
+    """A host tensor whose values a rehearsal keeps (`input_like`) sent to the rehearsed
+    device (HiDream-O1: `ref_image_grid_thw.to(inputs_embeds.device)`): it stays on the
+    host."""
+    if func not in _MOVES or not args or not isinstance(args[0], torch.Tensor):
+        return False
+    if not _keeps_values(args[0]):
+        return False
+    target = kwargs.get("device")
+    for a in args[1:]:
+        if isinstance(a, (str, torch.device)):
+            target = a
+        elif isinstance(a, torch.Tensor):
+            target = a.device
+    return target is not None and torch.device(target).type == "meta"
+
+
 def _stay(args, kwargs):
     """The tensor itself (no device memory is taken by a copy that leaves it), cast on
     meta where the move also casts."""
@@ -78,6 +96,8 @@ class _FusedAttention(TorchFunctionMode):
             return q.new_empty(q.shape[:-1] + (v.shape[-1],))
         if _leaving_meta(func, args, kwargs):
             return _stay(args, kwargs)
+        if _index_to_meta(func, args, kwargs):
+            return _stay(args, kwargs)          # its values stay readable (input_like)
         if func in _BINCOUNT and args and isinstance(args[0], torch.Tensor) \
                 and args[0].is_meta:
             return _bincount_on_meta(*args, **kwargs)
@@ -123,7 +143,10 @@ def _host_operands_on_meta(args, kwargs):
 
     def meta(v):
         if isinstance(v, torch.Tensor):
-            return v if v.is_meta else meta_like(v)
+            if v.is_meta:
+                return v
+            with _disable_current_modes():        # a stand-in for it, not an allocation
+                return meta_like(v)
         if isinstance(v, (list, tuple)) and any(isinstance(t, torch.Tensor) and not t.is_meta
                                                 for t in v):
             return type(v)([meta(t) for t in v])
@@ -182,6 +205,32 @@ def meta_like(x):
     return torch.empty_like(x, device="meta") if isinstance(x, torch.Tensor) else x
 
 
+# an integer or boolean input up to this many elements keeps its values in a rehearsal,
+# and any input up to SCALARS_INPUT (a timestep per sample)
+SMALL_INDEX_INPUT = 1 << 16
+SCALARS_INPUT = 64
+
+
+def _keeps_values(x) -> bool:
+    if not isinstance(x, torch.Tensor) or x.is_meta or x.is_complex():
+        return False
+    if x.is_floating_point():
+        return x.numel() <= SCALARS_INPUT
+    return x.numel() <= SMALL_INDEX_INPUT
+
+
+def input_like(x):
+    """A call's input for its rehearsal: on meta, except a small integer or boolean
+    tensor (token ids, an image's grid, a mask) or a few scalars (the timesteps), kept on
+    the host with their values, as the constants made from Python values are
+    (`_FROM_DATA`): HiDream-O1 reads its reference image's grid (`ref_image_grid_thw`)
+    back to size its vision tower's positions and finds its image tokens among its ids;
+    its smoothing wrapper reads the timestep (`float(t[0])`)."""
+    if _keeps_values(x):
+        return x.detach().to("cpu", copy=True)
+    return meta_like(x)
+
+
 def rehearse(module: torch.nn.Module, args: Tuple = (), kwargs: Dict[str, Any] = None) -> int:
     """Peak bytes of the tensors `module(*args, **kwargs)` computes and holds at once."""
     tally = Tally()
@@ -219,7 +268,7 @@ def _run(module, args, kwargs, meter: WorkMeter, prepare: Optional[Callable] = N
     # weights on meta made before the meter runs: they are not working memory
     state = None if all(t.is_meta for _, t in tensors) else \
         {n: meta_like(t) for n, t in tensors}
-    margs, mkwargs = tree_map(meta_like, tuple(args)), tree_map(meta_like, dict(kwargs or {}))
+    margs, mkwargs = tree_map(input_like, tuple(args)), tree_map(input_like, dict(kwargs or {}))
     if prepare is not None:
         margs, mkwargs = prepare(margs, mkwargs)
     with torch.no_grad(), _all_selected(), _FusedAttention(), mode(meter):

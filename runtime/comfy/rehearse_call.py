@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ...placement.errors import PlacementError
 from ...runtime.blocks import find_blocks
-from ...runtime.rehearse import meta_like, rehearse, rehearse_split
+from ...runtime.rehearse import input_like, rehearse, rehearse_split
 from ...runtime.shadow import meta_tensor, structural_copy
 from ...runtime.split.layer import ranges_to_owner
 from ...runtime.tensors import seen_bytes
@@ -164,7 +164,7 @@ def _at_batch(args, kwargs, batch: int):
     uncond as one batch when the device's free memory allows at that moment, else one
     after the other; the plan is made for the whole batch, whichever the first call
     got (every tensor whose first dimension is the input's batch, grown to `batch`)."""
-    args, kwargs = tree_map(meta_like, tuple(args)), tree_map(meta_like, dict(kwargs))
+    args, kwargs = tree_map(input_like, tuple(args)), tree_map(input_like, dict(kwargs))
     first = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].ndim else None
     if first is None or batch <= first.shape[0]:
         return args, kwargs
@@ -172,6 +172,8 @@ def _at_batch(args, kwargs, batch: int):
 
     def grow(t):
         if isinstance(t, torch.Tensor) and t.ndim and t.shape[0] == have:
+            if not t.is_meta:               # values kept (input_like): the rows repeated
+                return t.repeat((-(-batch // have),) + (1,) * (t.ndim - 1))[:batch]
             return t.new_empty((batch,) + tuple(t.shape[1:]))
         return t
     return tree_map(grow, args), tree_map(grow, kwargs)
