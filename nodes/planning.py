@@ -78,6 +78,8 @@ def describe_object(component: str, obj, workload=None) -> ComponentInfo:
             info = with_cond_batch(info, workload.cond_batch)
         if component == "controlnet":
             info = with_control_kind(info, obj)
+        if component == "te":
+            info = with_generation(info, obj)
         if component == "diffusion" and workload is not None and \
                 not getattr(workload, "estimate_final", False):
             # sampling rehearses the first model call and plans again with what it
@@ -102,6 +104,32 @@ def with_control_kind(info: ComponentInfo, control) -> ComponentInfo:
     if uses_diffusion_weights(control):
         return replace(info, arch=WITH_DIFFUSION_WEIGHTS)
     return info
+
+
+# text encoders whose encode writes tokens one by one (ACE-Step 1.5's audio codes): each
+# step's logits read the token embedding whole (tied embeddings), in the compute dtype
+GENERATING_TEXT_ENCODERS = ("ACE15TEModel",)
+
+
+def with_generation(info: ComponentInfo, clip) -> ComponentInfo:
+    """A text encoder that generates while it encodes: its working memory holds the
+    compute-dtype copy of its token embedding the logits read (a generation loop cannot
+    be rehearsed weightless: its tokens drive it)."""
+    from dataclasses import replace
+    from ..placement.units import format_bytes
+    model = getattr(clip, "cond_stage_model", None)
+    if info.headroom_bytes is None or not any(
+            c.__name__.startswith(GENERATING_TEXT_ENCODERS) for c in type(model).__mro__):
+        return info
+    embedding = max((p for n, p in model.named_parameters() if n.endswith("embed_tokens.weight")),
+                    key=lambda p: p.numel(), default=None)
+    if embedding is None:
+        return info
+    size = 4 if compute_dtype(clip) == "f32" else embedding.element_size()
+    extra = embedding.numel() * size
+    return replace(info, headroom_bytes=info.headroom_bytes + extra,
+                   headroom_basis=f"{info.headroom_basis} + its token embedding read by each "
+                                  f"generated token's logits ({format_bytes(extra)})")
 
 
 def with_rehearsal(info: ComponentInfo, working: int, per_device=(), inputs: int = 0

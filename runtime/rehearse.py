@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
-from torch.utils._python_dispatch import _disable_current_modes
 
 from .crossings import JoinsFollow, home_modules, hook_home
 from .moves import is_block_state, map_tensors
@@ -101,7 +100,8 @@ class _FusedAttention(TorchFunctionMode):
         if func in _BINCOUNT and args and isinstance(args[0], torch.Tensor) \
                 and args[0].is_meta:
             return _bincount_on_meta(*args, **kwargs)
-        if func in _FROM_DATA and _python_data_on_meta(args, kwargs):
+        if func in _FROM_DATA and _python_data_on_meta(args, kwargs) and \
+                (func not in _FILLS or _index_dtype(kwargs.get("dtype"))):
             return func(*args, **dict(kwargs, device="cpu"))
         if func in _LIKE and args and isinstance(args[0], torch.Tensor) and args[0].is_meta \
                 and kwargs.get("device") is not None \
@@ -143,10 +143,9 @@ def _host_operands_on_meta(args, kwargs):
 
     def meta(v):
         if isinstance(v, torch.Tensor):
-            if v.is_meta:
-                return v
-            with _disable_current_modes():        # a stand-in for it, not an allocation
-                return meta_like(v)
+            # metered: a value the rehearsal computed on the host (an attention mask from
+            # the token ids) is computed on the device in the real run
+            return v if v.is_meta else meta_like(v)
         if isinstance(v, (list, tuple)) and any(isinstance(t, torch.Tensor) and not t.is_meta
                                                 for t in v):
             return type(v)([meta(t) for t in v])
@@ -154,9 +153,16 @@ def _host_operands_on_meta(args, kwargs):
     return tuple(meta(a) for a in args), {k: meta(v) for k, v in kwargs.items()}
 
 
-# tensors made from Python values (ranges, grids), whose values code reads back
+# tensors made from Python values (ranges, grids), whose values code reads back; a fill
+# only of an integer or boolean dtype (a mask that selects): a float fill is a causal
+# mask or a buffer of the computation, metered on meta
 _FROM_DATA = (torch.tensor, torch.as_tensor, torch.arange, torch.linspace, torch.zeros,
               torch.ones, torch.full)
+_FILLS = (torch.zeros, torch.ones, torch.full)
+
+
+def _index_dtype(dtype) -> bool:
+    return dtype is not None and not dtype.is_floating_point and not dtype.is_complex
 
 
 def _python_data_on_meta(args, kwargs) -> bool:

@@ -336,18 +336,14 @@ def cast_copy_bytes(tensors, component: str, dtype: str, compute_dtype) -> int:
     """A text encoder computed in another dtype than its weights' (ComfyUI's manual
     cast) copies each layer's weight into the compute dtype while the layer computes:
     its largest such weight, which the per-token formula does not hold. A token
-    embedding is gathered without a copy (16-bit weights), except where a language model
-    reads it whole as its output layer (tied embeddings, no `lm_head`: each generated
-    token's logits, `weight.to(x)`), as ACE-Step 1.5's text encoder does while it writes
-    its audio codes, a loop no rehearsal can run weightless (its tokens drive it)."""
+    embedding is gathered without a copy (16-bit weights); a language model that reads it
+    whole as its output layer while it generates adds it at node time
+    (nodes/planning.with_generation)."""
     if component != "te" or not compute_dtype or compute_dtype == dtype:
         return 0
     plain = [t for t in tensors if t.quant is None and t.dtype.startswith(("f", "bf"))]
     layers = max((_elements(t) for t in plain if not _embedding(t.name)), default=0)
-    tied = not any("lm_head" in t.name for t in tensors)
-    output = max((_elements(t) for t in plain if t.name.endswith("model.embed_tokens.weight")),
-                 default=0) if tied else 0
-    return max(layers, output) * activation_bytes(compute_dtype)
+    return layers * activation_bytes(compute_dtype)
 
 
 def _embedding(name: str) -> bool:

@@ -51,9 +51,10 @@ def test_text_encoder_streamed_and_split_equal_plain(results, name):
             assert facts["hops"] >= 2 and len(facts["devices"]) == 2, facts
 
 
-# encoders whose forward reads token values (.item(): an LLM's image-token positions)
-# cannot run on the meta device: their calls keep the plan's estimate and say why
-UNREHEARSABLE = {"qwen25_7b_qwen_image": ".item()", "hunyuan_video_clip_l_llava": ".item()"}
+# encoders whose forward reads token values (.item(): an LLM's image-token positions) are
+# rehearsed since the rehearsal keeps a call's small integer inputs on the host
+# (runtime/rehearse.py input_like): none is left out
+UNREHEARSABLE = {}
 
 
 def rehearsed_as_metered(facts, methods, split=False, unrehearsable=None):
@@ -94,9 +95,9 @@ def test_text_encoder_calls_use_their_rehearsed_working_memory(results, name):
                              UNREHEARSABLE.get(name))
 
 
-# LTXV's decode_tiled calls copy each tile's output into a host buffer inside the call
-# (not yet rehearsable on meta); its whole-frame decode and encode are
-TILES_UNREHEARSABLE = {"ltxv_vae": "Cannot copy out of meta tensor"}
+# VAEs whose tiled decode calls cannot be rehearsed on meta (none since the rehearsal
+# keeps Python-made values on the host: LTXV's tile calls were, runtime/rehearse.py)
+TILES_UNREHEARSABLE = {}
 
 
 @pytest.mark.parametrize("name", VAES)
