@@ -19,14 +19,12 @@ once per forward, as the split's mover does (runtime/moves.py), and the module's
 crosses as the split's does (runtime/crossings.py: non-block modules get their arguments on
 the main device, joins bring their tensors to one device): the peak per device."""
 import contextlib
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
-from torch.utils._python_dispatch import _disable_current_modes
 
 from .crossings import JoinsFollow, home_modules, hook_home
 from .moves import is_block_state, map_tensors
@@ -145,7 +143,9 @@ def _host_operands_on_meta(args, kwargs):
 
     def meta(v):
         if isinstance(v, torch.Tensor):
-            return v if v.is_meta else _stand_in(v)
+            # metered: a value the rehearsal computed on the host (an attention mask from
+            # the token ids) is computed on the device in the real run
+            return v if v.is_meta else meta_like(v)
         if isinstance(v, (list, tuple)) and any(isinstance(t, torch.Tensor) and not t.is_meta
                                                 for t in v):
             return type(v)([meta(t) for t in v])
@@ -211,50 +211,29 @@ def meta_like(x):
     return torch.empty_like(x, device="meta") if isinstance(x, torch.Tensor) else x
 
 
-# an integer or boolean input up to this many elements keeps its values in a rehearsal
-# (a float input, a timestep, stays on meta: as an input of the device's computation it
-# is metered where it meets it, and kept on the host it made the rehearsal 2.5 KiB more
-# than the metered run of a tiny Flux split: tests/runtime/test_budget_edges.py)
+# an integer or boolean input up to this many elements keeps its values in a rehearsal,
+# and any input up to SCALARS_INPUT (a timestep per sample)
 SMALL_INDEX_INPUT = 1 << 16
-
-
-_STAND_INS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _stand_in(v: torch.Tensor) -> torch.Tensor:
-    """The meta tensor a host value stands as where it meets meta ones, one per value (as
-    it exists once on the device). Metered where the rehearsal computed the value on the
-    host (an attention mask from the token ids: the real run computes it on the device);
-    not where it is a call's input (`input_like`), which the real run was handed."""
-    hit = _STAND_INS.get(v)
-    if hit is None:
-        if getattr(v, "_placement_input", False):
-            with _disable_current_modes():
-                hit = meta_like(v)
-        else:
-            hit = meta_like(v)
-        _STAND_INS[v] = hit
-    return hit
+SCALARS_INPUT = 64
 
 
 def _keeps_values(x) -> bool:
     if not isinstance(x, torch.Tensor) or x.is_meta or x.is_complex():
         return False
     if x.is_floating_point():
-        return False
+        return x.numel() <= SCALARS_INPUT
     return x.numel() <= SMALL_INDEX_INPUT
 
 
 def input_like(x):
     """A call's input for its rehearsal: on meta, except a small integer or boolean
-    tensor (token ids, an image's grid, a mask), kept on the host with its values, as the
-    constants made from Python values are (`_FROM_DATA`): HiDream-O1 reads its reference
-    image's grid (`ref_image_grid_thw`) back to size its vision tower's positions and
-    finds its image tokens among its ids."""
+    tensor (token ids, an image's grid, a mask) or a few scalars (the timesteps), kept on
+    the host with their values, as the constants made from Python values are
+    (`_FROM_DATA`): HiDream-O1 reads its reference image's grid (`ref_image_grid_thw`)
+    back to size its vision tower's positions and finds its image tokens among its ids;
+    its smoothing wrapper reads the timestep (`float(t[0])`)."""
     if _keeps_values(x):
-        kept = x.detach().to("cpu", copy=True)
-        kept._placement_input = True
-        return kept
+        return x.detach().to("cpu", copy=True)
     return meta_like(x)
 
 
