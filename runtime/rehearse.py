@@ -37,38 +37,36 @@ from .workmeter import MeterMode, Tally, WorkMeter, storage_key
 _MOVES = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda)
 
 
-def _leaving_meta(func, args, kwargs) -> bool:
-    """A meta tensor sent to another device (ComfyUI hands a text encoder's or a VAE's
-    output to its intermediate device): a copy off the device being rehearsed."""
-    if func not in _MOVES or not args or not isinstance(args[0], torch.Tensor) \
-            or not args[0].is_meta:
-        return False
-    if func is not torch.Tensor.to:
-        return True
+def _move_target(func, args, kwargs):
+    """The device type a `.to()` / `.cpu()` / `.cuda()` of a tensor sends it to, or None
+    (not a move, or a `.to()` that names no device)."""
+    if func not in _MOVES or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    if func is torch.Tensor.cpu:
+        return "cpu"
+    if func is torch.Tensor.cuda:
+        return "cuda"
     target = kwargs.get("device")
     for a in args[1:]:
         if isinstance(a, (str, torch.device)):
             target = a
         elif isinstance(a, torch.Tensor):
             target = a.device
-    return target is not None and torch.device(target).type != "meta"
+    return None if target is None else torch.device(target).type
+
+
+def _leaving_meta(func, args, kwargs) -> bool:
+    """A meta tensor sent to another device (ComfyUI hands a text encoder's or a VAE's
+    output to its intermediate device): a copy off the device being rehearsed."""
+    target = _move_target(func, args, kwargs)
+    return target not in (None, "meta") and args[0].is_meta
 
 
 def _index_to_meta(func, args, kwargs) -> bool:
     """A host tensor whose values a rehearsal keeps (`input_like`) sent to the rehearsed
     device (HiDream-O1: `ref_image_grid_thw.to(inputs_embeds.device)`): it stays on the
     host."""
-    if func not in _MOVES or not args or not isinstance(args[0], torch.Tensor):
-        return False
-    if not _keeps_values(args[0]):
-        return False
-    target = kwargs.get("device")
-    for a in args[1:]:
-        if isinstance(a, (str, torch.device)):
-            target = a
-        elif isinstance(a, torch.Tensor):
-            target = a.device
-    return target is not None and torch.device(target).type == "meta"
+    return _move_target(func, args, kwargs) == "meta" and _keeps_values(args[0])
 
 
 def _stay(args, kwargs):
