@@ -7,8 +7,8 @@ import json
 import os
 import sys
 
-from .placement import Inventory, PlacementError, PlacementSpec, plan as make_plan
 from .cli_calibrate import speed_options
+from .placement import Inventory, PlacementError, PlacementSpec, plan as make_plan
 from .placement.components import COMPONENTS, canonical_component
 
 MODEL_FILES = (".safetensors", ".sft", ".gguf")
@@ -147,13 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "even where CUDA is present")
     from .cli_worker import add_worker_parser
     add_worker_parser(sub)
-    from .tiny_models import add_parser as add_tiny_models_parser
+    from .demo.tiny_models import add_parser as add_tiny_models_parser
     add_tiny_models_parser(sub)
     return parser
 
 
 def _cmd_selftest(args) -> int:
-    from .runtime.selftest import run_selftest
+    from .runtime.machine.selftest import run_selftest
     report = run_selftest(args.json, reps=_positive(args.reps, "repetition count"),
                           run_tests=not args.no_tests, cpu=args.cpu)
     return 1 if report["cuda_tests"]["status"] == "failed" else 0
@@ -165,7 +165,7 @@ def _cmd_worker(args) -> int:
 
 
 def _cmd_tiny_models(args) -> int:
-    from .tiny_models import run
+    from .demo.tiny_models import run
     return run(args)
 
 
@@ -201,9 +201,9 @@ def _cmd_calibrate(args) -> int:
 
 def _cmd_demo(args) -> int:
     if args.gguf:
-        from .demo_gguf import run_gguf_demo
+        from .demo.gguf_demo import run_gguf_demo
         return run_gguf_demo(args.gguf, as_json=args.json)
-    from .demo import run_demo
+    from .demo.pipeline import run_demo
     return run_demo(as_json=args.json)
 
 

@@ -1,15 +1,14 @@
 """`calibrate` and the what-if speed flags of `plan` (docs/calibration.md).
 
 `python -m comfyui_placement calibrate [--json] [--quick] [--folder DIR]` measures this
-machine (runtime/calibrate.py, torch imported only then) and saves the figures in the
+machine (runtime/machine/calibrate.py, torch imported only then) and saves the figures in the
 user's cache folder; `plan --auto-fit` on the detected inventory then uses them.
 """
 import json
 import sys
 
 from .placement.errors import PlacementError
-from .placement.machine_figures import (parse_bandwidth, parse_figure_list,
-                                        parse_throughput)
+from .placement.units import parse_bandwidth, parse_figure_list, parse_throughput
 
 
 def add_calibrate_parser(sub) -> None:
@@ -77,7 +76,7 @@ def parse_network(text: str):
 
 
 def run_calibrate_command(args, inventory) -> int:
-    from .runtime.calibrate import format_record, run_calibrate
+    from .runtime.machine.calibrate import format_record, run_calibrate
     progress = (lambda text: print(text, file=sys.stderr, flush=True))
     result = run_calibrate(inventory, args.folder, quick=args.quick, progress=progress,
                            save=not args.no_save, workers=args.workers,

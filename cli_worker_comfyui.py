@@ -1,5 +1,5 @@
 """`worker --comfyui PATH`: ComfyUI's model code in a worker, so that it builds ComfyUI's
-own models from their files (runtime/comfy/remote_model.py). Imported only when the flag
+own models from their files (runtime/comfy/worker/remote_model.py). Imported only when the flag
 is given (`worker --help` imports none of ComfyUI): PATH goes on sys.path first, then
 comfy is imported with ComfyUI's default options, as --cpu on a machine without CUDA
 (comfy.model_management refuses to import there otherwise)."""

@@ -46,9 +46,9 @@ from safetensors.torch import save_file
 from _common import flux, inventory, plan
 from comfyui_placement.placement.layout import ring_bytes, ring_layout
 from comfyui_placement.runtime import find_blocks, place
-from comfyui_placement.runtime.residency import Group
-from comfyui_placement.runtime.simdevice import Link
-from comfyui_placement.runtime.weightfile import DiskLayout, open_weight_file
+from comfyui_placement.runtime.host.residency import Group
+from comfyui_placement.runtime.device.simdevice import Link
+from comfyui_placement.runtime.weights.weightfile import DiskLayout, open_weight_file
 
 
 def drop_cache(path):

@@ -35,7 +35,7 @@ import torch
 from _common import flux, inventory
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan
 from comfyui_placement.runtime.distributed import Cluster, remote_range
-from comfyui_placement.runtime.simdevice import Link
+from comfyui_placement.runtime.device.simdevice import Link
 from comfyui_placement.runtime.split import place_split
 
 PCIE4 = Link(bandwidth=25e9, latency=10e-6)

@@ -29,7 +29,7 @@ from torch import nn
 
 from _common import inventory, med, plan
 from comfyui_placement.runtime import place
-from comfyui_placement.runtime.simdevice import Link
+from comfyui_placement.runtime.device.simdevice import Link
 
 
 class Stack(nn.Module):

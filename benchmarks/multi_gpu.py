@@ -7,7 +7,7 @@ Assumptions, printed with the figures:
   then holds its thread for `--item-ms` per batch item (the kernel time a GPU would
   spend; a CUDA host thread likewise waits while its device computes, and two devices
   compute at the same time). Copies land after the modelled link time (bytes /
-  bandwidth + latency, runtime/simdevice.py), one link per device: each GPU has its
+  bandwidth + latency, runtime/device/simdevice.py), one link per device: each GPU has its
   own PCIe link, the host memory behind them is assumed not to be the bottleneck.
 - Streamed: every device streams all blocks (K=0, prefetch depth 1) from the one
   packed host copy; per forward a device takes about max(its compute, its transfers),
@@ -41,7 +41,7 @@ from torch import nn
 from _common import flux, inventory, med
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
 from comfyui_placement.runtime import place
-from comfyui_placement.runtime.simdevice import Link
+from comfyui_placement.runtime.device.simdevice import Link
 
 
 class KernelBlock(nn.Module):

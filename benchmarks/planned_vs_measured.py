@@ -24,7 +24,7 @@ What it assumes:
   default) and which no figure here covers.
 - Compute runs on the CPU (ComfyUI --cpu, PyTorch attention), in float32.
 - The working memory in each plan is the rehearsal of the run's first model call on the
-  meta device (runtime/comfy/rehearse_call.py) at the run's real shapes; nothing is read
+  meta device (runtime/comfy/replan/rehearse_call.py) at the run's real shapes; nothing is read
   from a previous run.
 - One phase is measured: sampling, the diffusion model (KSampler, 2 steps, CFG: cond and
   uncond in one batch). Text encoders and VAEs are not in these workflows (the families'

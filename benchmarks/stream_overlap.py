@@ -45,7 +45,7 @@ import torch
 from _common import flux, inventory, med, plan
 from comfyui_placement.placement.layout import choose_depth, ring_schedule
 from comfyui_placement.runtime import find_blocks, place
-from comfyui_placement.runtime.simdevice import Link, SimTransfer
+from comfyui_placement.runtime.device.simdevice import Link, SimTransfer
 
 DEPTHS = (0, 1, 2, 4)
 LATENCY = 20e-6
@@ -62,7 +62,7 @@ def main():
     print(f"assumes: steady-state steps (ring filled before timing); the simulated link is re-set each round so that one step's transfers "
           f"= {args.transfer_share:g} x that round's resident compute (+{LATENCY * 1e6:.0f}"
           f" us per copy); a copy lands exactly at its modelled time, never earlier; the "
-          f"planner's compute per block is equal (layout.compute_shares) and its transfer "
+          f"planner's compute per block is equal (layout.compute_fractions) and its transfer "
           f"per block is bytes / link; torch compute threads {args.threads or 'default'}, "
           f"the copy engine's memcpy on another thread")
     for title, double, single in configs:

@@ -1,5 +1,5 @@
 """Working memory at full width: the planner's estimate (placement/metadata/headroom.py)
-against a rehearsal of the real architecture on the meta device (runtime/rehearse.py),
+against a rehearsal of the real architecture on the meta device (runtime/measure/rehearse.py),
 at two resolutions, side by side in one run.
 
 The rehearsal counts what a GPU allocates for the operations' outputs, alive at once, at
@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from comfyui_placement.placement.metadata import headroom as hr  # noqa: E402
-from comfyui_placement.runtime.rehearse import rehearse  # noqa: E402
+from comfyui_placement.runtime.measure.rehearse import rehearse  # noqa: E402
 
 BF16 = dict(dtype=torch.bfloat16, device="meta")
 MiB = 1 << 20

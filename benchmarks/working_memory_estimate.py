@@ -23,7 +23,7 @@ What it assumes (where the estimate is meant to hold):
   batch scaled to 1 (nodes/planning.with_cond_batch); one forward of batch 1 (cond
   alone) is rehearsed.
 - Both sides are activations: the estimate less its fixed GPU workspace
-  (headroom.WORKSPACE) against the rehearsal on meta (runtime/comfy/rehearse_call.py:
+  (headroom.WORKSPACE) against the rehearsal on meta (runtime/comfy/replan/rehearse_call.py:
   the tensors the forward computes alive at once, plus its inputs).
 
 Prints one row per family: estimate, rehearsal (MiB), estimate/rehearsal, and FLAG where
@@ -158,7 +158,7 @@ def latent(fam, base, full, shrink=1):
 def estimate(base, lat, hr):
     """The estimate's activations for one forward of batch 1 without CFG, asked with the
     size node-time planning derives from this latent."""
-    wl = pack("runtime.comfy.workload")
+    wl = pack("runtime.comfy.replan.workload")
     fmt = base.latent_format
     ratio = int(getattr(fmt, "spacial_downscale_ratio", 8) or 8)
     temporal = int(getattr(fmt, "temporal_downscale_ratio", 1) or 1)
@@ -190,7 +190,7 @@ def conditioning(fam, full, tokens):
 
 
 def rehearsal(fam, base, x, cond):
-    rc = pack("runtime.comfy.rehearse_call")
+    rc = pack("runtime.comfy.replan.rehearse_call")
     params = {"cross_attn": cond[0], **cond[1], "device": torch.device("cpu"), "noise": x,
               "width": x.shape[-1] * 8, "height": x.shape[-2] * 8 if x.ndim >= 4 else 8,
               "prompt_type": "positive"}

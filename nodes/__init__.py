@@ -9,8 +9,8 @@ from .apply_node import ApplyPlacement
 from .assignment_node import BackendAssignment
 from .common import simulated_note
 from .devices_node import PlacementDevices
-from .report_node import PlacementReport
 from .prompt_inputs import register as _register_prompt_inputs
+from .report_node import PlacementReport
 from .routes import register as _register_routes
 
 NODES = [PlacementDevices, BackendAssignment, ApplyPlacement, PlacementReport]

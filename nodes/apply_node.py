@@ -3,7 +3,7 @@
 The inputs are cached outputs of other nodes and stay untouched; every output is a
 copy (patcher clone) placed as the plan says: through ComfyUI's own patchers, or, for
 what those cannot express (streaming, disk residency, splits, simulated devices), by
-the pack's engine (runtime/comfy/engine_model.py). What neither runs yet is a node error
+the pack's engine (runtime/comfy/sampling/engine_model.py). What neither runs yet is a node error
 naming the missing piece.
 """
 import logging
@@ -13,8 +13,13 @@ from comfy_api.latest import io
 
 from ..placement.units import format_bytes
 from ..runtime.comfy import place_objects
-from ..runtime.comfy.workload import (FOLLOWS_LATENT, SamplingReplanner, from_prompt,
-                                      latent_ratios, placement_key)
+from ..runtime.comfy.replan.workload import (
+    FOLLOWS_LATENT,
+    SamplingReplanner,
+    from_prompt,
+    latent_ratios,
+    placement_key,
+)
 from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType,
                      node_inventory, note_workers, plan_ui, workers_inventory)
 from .measured import Meter, attach, engine_sessions
@@ -93,7 +98,7 @@ class ApplyPlacement(io.ComfyNode):
         model = by_component.get("diffusion")
         node_id = getattr(cls.hidden, "unique_id", None) if cls.hidden else None
         # what sampling will compute, as far as the prompt tells: the working memory of
-        # every plan, and with auto_fit its choices (runtime/comfy/workload.py)
+        # every plan, and with auto_fit its choices (runtime/comfy/replan/workload.py)
         workload = from_prompt(getattr(cls.hidden, "prompt", None) if cls.hidden else None,
                                node_id, _latent_shape(latent),
                                latent_ratios(model) if model is not None else (8, 1))
@@ -135,7 +140,7 @@ class ApplyPlacement(io.ComfyNode):
 def detectors_given(bbox, segm):
     """The detector component: None when no connected input holds a model (Impact's
     NO_SEGM_DETECTOR holds none: it passes through)."""
-    from ..runtime.detector import Detectors
+    from ..runtime.engine.detector import Detectors
     given = Detectors(bbox, segm)
     return given if given.modules() else None
 
@@ -173,7 +178,7 @@ def _latent_shape(latent):
 
 def _sampling_replanner(plan, workload, spec, strict, inventory, objects, placed, node_id,
                         workers=None):
-    """The sampling-time half of planning (runtime/comfy/workload.py)."""
+    """The sampling-time half of planning (runtime/comfy/replan/workload.py)."""
     def replan(real, first):
         pins = {c: cp for c, cp in first.components.items()
                 if c not in FOLLOWS_LATENT and cp.present}

@@ -9,7 +9,7 @@ from ..placement.errors import PlacementError
 from ..placement.spec import LORA_MODES, OFFLOAD_MODES, PlacementSpec
 from .common import (CATEGORY, SEARCH_ALIASES, Placement, PlacementType,
                      node_inventory, note_workers, plan_ui, workers_inventory)
-from .planning import make_plan
+from .planning import make_plan, spec_plan
 from .prompt_inputs import spec_inputs
 
 MODULES = ("modules: diffusion (model, unet, dit), te (clip, t5, llm), vae, controlnet, "
@@ -131,28 +131,35 @@ class BackendAssignment(io.ComfyNode):
                           auto_fit, offload_mode, offload_to_cpu, clip_on_cpu, vae_on_cpu,
                           control_net_cpu, lora_mode)
         workers = str(workers or "").strip()
-        inventory, joined = workers_inventory(node_inventory(), workers, bool(strict))
-        plan = make_plan(spec, inventory, strict=strict)
+        plan, joined = spec_plan(spec, strict, workers, lambda: workers_inventory(
+            node_inventory(), workers, bool(strict)))
         note_workers(plan, joined)
         return io.NodeOutput(Placement(spec, bool(strict), workers),
                              ui=plan_ui(plan.report(), plan, spec, joined))
 
 
 def check_spec(backend="", params_backend="", max_vram="", split_mode="", auto_fit=False,
-               strict=False, workers=""):
+               strict=False, workers="", **others):
     """True, or one line that names the input at fault: `backend: device 'cuda7' is
-    unknown; devices here: cuda0, cpu`."""
+    unknown; devices here: cuda0, cpu`. The whole spec's plan is the one execute uses
+    (planning.spec_plan); `others` are the node's other spec inputs."""
+    workers = str(workers or "").strip()
     try:
-        inventory, _ = workers_inventory(node_inventory(), workers, bool(strict))
+        inventory, joined = workers_inventory(node_inventory(), workers, bool(strict))
     except PlacementError as exc:
         return f"placement error in workers: {exc}"
     fields = {"backend": backend, "params_backend": params_backend, "max_vram": max_vram,
               "split_mode": split_mode}
     try:
-        make_plan(build_spec(**fields, auto_fit=auto_fit), inventory, strict=strict)
-        return True
+        spec = build_spec(**fields, auto_fit=auto_fit, **others)
     except PlacementError as exc:
-        whole = str(exc)
+        spec, whole = None, str(exc)
+    if spec is not None:
+        try:
+            spec_plan(spec, strict, workers, lambda: (inventory, joined))
+            return True
+        except PlacementError as exc:
+            whole = str(exc)
     culprit = ""
     for name, value in fields.items():       # the first input that fails on its own
         if not value:

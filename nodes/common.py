@@ -7,8 +7,8 @@ from comfy_api.latest import io
 from ..placement.components import COMPONENTS
 from ..placement.devices import Inventory
 from ..placement.spec import PlacementSpec
-from ..runtime.comfy.patcher_devices import comfy_cpu_only
-from ..runtime.comfy.visible_devices import hidden_gpus_note
+from ..runtime.comfy.patchers.patcher_devices import comfy_cpu_only
+from ..runtime.comfy.patchers.visible_devices import hidden_gpus_note
 
 SIMULATE_ENV = "COMFYUI_PLACEMENT_SIMULATE"
 CATEGORY = "placement"
@@ -72,8 +72,8 @@ def simulated_note():
 
 
 def workers_inventory(inventory: Inventory, text: str, strict: bool):
-    """`inventory` with the devices of the workers `text` names (joined once per ComfyUI
-    session: runtime/distributed/pool.py), and the Workers. A worker that cannot be
+    """`inventory` with the devices of the workers `text` names (joined once while ComfyUI
+    runs: runtime/distributed/pool.py), and the Workers. A worker that cannot be
     joined is refused with strict on; with strict off the plan goes on without it."""
     if not str(text or "").strip():
         return inventory, None

@@ -1,7 +1,7 @@
 """Placement Devices: the inventory the other nodes plan for, shown in the node."""
 from comfy_api.latest import io, ui
 
-from ..runtime.comfy.visible_devices import hidden_gpus_note
+from ..runtime.comfy.patchers.visible_devices import hidden_gpus_note
 from .common import CATEGORY, SEARCH_ALIASES, node_inventory, workers_inventory
 
 WORKERS_TIP = ("Also list the devices of these worker machines (ALIAS=HOST:PORT, comma "

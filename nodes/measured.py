@@ -13,7 +13,7 @@ simulated ones included) and, for real CUDA devices, torch's allocator peak over
 phase. Nothing else is measured: a phase or device without either is left out, not
 guessed.
 
-What fell back while the run ran (runtime/fallbacks.py: a block that never ran, a row
+What fell back while the run ran (runtime/engine/fallbacks.py: a block that never ran, a row
 split run as a layer split, synchronous streaming, a plan re-derived, a call finished on
 ComfyUI's cast path) rides in the record as `runtime_fallbacks`, the engine's own
 records, each once; the editor draws a line per record from its fields.
@@ -28,8 +28,8 @@ from ..placement.errors import PlacementError
 from ..placement.machine_figures import observe_plan_step
 from ..placement.ran_figures import planned_by_phase, with_calls
 from ..placement.report import render_measured
-from ..runtime.fallbacks import describe, make, merged
-from ..runtime.comfy.measure_hooks import engine_session, meter_decode, meter_sampling
+from ..runtime.comfy.patchers.measure_hooks import engine_session, meter_decode, meter_sampling
+from ..runtime.engine.fallbacks import describe, make, merged
 
 log = logging.getLogger("comfyui-placement")
 EVENT = "placement.measured"
@@ -138,7 +138,7 @@ class Meter:
 
     def _calls(self) -> Dict[str, Dict[str, int]]:
         """{phase: {device: bytes}} the last rehearsed call of each engine-placed text
-        encoder (encode) and VAE (decode) planned (runtime/comfy/engine_calls.py)."""
+        encoder (encode) and VAE (decode) planned (runtime/comfy/apply/engine_calls.py)."""
         out: Dict[str, Dict[str, int]] = {}
         for phase, methods in (("encode", None), ("decode", ("decode",))):
             for s in self.sessions(phase):
@@ -249,7 +249,7 @@ def send_record(record: dict) -> None:
 # -- wiring on Apply Placement's outputs ----------------------------------------------------
 def attach(meter: Meter, placed_model, placed_vae, given_vae) -> None:
     """The meter on the placed MODEL (outermost OUTER_SAMPLE wrapper) and on the placed
-    VAE's decode (runtime/comfy/measure_hooks.py). Only the node's own copies are
+    VAE's decode (runtime/comfy/patchers/measure_hooks.py). Only the node's own copies are
     touched, never a given object."""
     if placed_model is not None:
         meter_sampling(placed_model, meter)

@@ -5,6 +5,8 @@ set). Each is described from its torch module (names, shapes and dtypes only, no
 weights read), so the plan knows its blocks; an object the metadata reader cannot
 describe is still planned, by its size alone.
 """
+import copy
+from collections import OrderedDict
 from typing import Dict, Optional
 
 from ..placement.errors import PlacementError
@@ -33,6 +35,39 @@ def make_plan(spec, inventory, objects: Optional[Dict[str, object]] = None,
     if workload is not None:
         result.extra["workload"] = workload.to_dict()
     return result
+
+
+# -- one plan per spec per prompt --------------------------------------------------------
+# Backend Assignment's spec is planned once when the prompt is validated and that plan is
+# what its execute shows and passes on (a copy: note_workers adds to it). A new prompt
+# (prompt_inputs.remember_prompt) forgets them, so every prompt plans for the machine as
+# it is then; an error is kept like a plan, so execute refuses with validation's words.
+_SPEC_PLANS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_KEEP = 64
+
+
+def forget_spec_plans() -> None:
+    _SPEC_PLANS.clear()
+
+
+def spec_plan(spec, strict: bool, workers: str, inventory_for):
+    """(plan, joined workers) for the spec alone, planned once per prompt:
+    `inventory_for()` -> (inventory, joined) is asked only when it is not planned yet."""
+    key = (repr(spec), bool(strict), str(workers or "").strip())
+    hit = _SPEC_PLANS.get(key)
+    if hit is None:
+        try:
+            inventory, joined = inventory_for()
+            hit = (make_plan(spec, inventory, strict=strict), joined)
+        except PlacementError as exc:
+            hit = (exc, None)
+        _SPEC_PLANS[key] = hit
+        while len(_SPEC_PLANS) > _KEEP:
+            _SPEC_PLANS.popitem(last=False)
+    plan, joined = hit
+    if isinstance(plan, PlacementError):
+        raise PlacementError(str(plan))
+    return copy.deepcopy(plan), joined
 
 
 def torch_module(obj):
@@ -83,7 +118,7 @@ def describe_object(component: str, obj, workload=None) -> ComponentInfo:
         if component == "diffusion" and workload is not None and \
                 not getattr(workload, "estimate_final", False):
             # sampling rehearses the first model call and plans again with what it
-            # measured, before the run computes (runtime/comfy/workload.py): the
+            # measured, before the run computes (runtime/comfy/replan/workload.py): the
             # estimate is not a reason to refuse the plan (placement/explicit.py)
             from dataclasses import replace
             info = replace(info, headroom_measured_later=True)
@@ -99,7 +134,7 @@ def with_control_kind(info: ComponentInfo, control) -> ComponentInfo:
     apart from it (its residuals cannot hop): named so, the planner keeps them together
     (placement/controlnet_with_diffusion.py)."""
     from dataclasses import replace
-    from ..runtime.comfy.control_hops import uses_diffusion_weights
+    from ..runtime.comfy.sampling.control_hops import uses_diffusion_weights
     from ..placement.controlnet_with_diffusion import WITH_DIFFUSION_WEIGHTS
     if uses_diffusion_weights(control):
         return replace(info, arch=WITH_DIFFUSION_WEIGHTS)

@@ -11,8 +11,12 @@ defaults are checked, and execute() still refuses a bad spec with the whole chec
 from collections import OrderedDict
 from typing import Optional
 
+from .planning import forget_spec_plans
+
 NODE = "PlacementBackendAssignment"
-FIELDS = ("params_backend", "max_vram", "split_mode", "auto_fit", "strict", "workers")
+FIELDS = ("params_backend", "max_vram", "split_mode", "stream_layers", "auto_fit",
+          "offload_mode", "offload_to_cpu", "clip_on_cpu", "vae_on_cpu", "control_net_cpu",
+          "strict", "lora_mode", "workers")
 _KEEP = 256                                  # nodes remembered (the latest prompts')
 _SEEN: "OrderedDict[tuple, dict]" = OrderedDict()
 
@@ -20,6 +24,7 @@ _SEEN: "OrderedDict[tuple, dict]" = OrderedDict()
 def remember_prompt(json_data: dict) -> dict:
     """on_prompt handler: record, never change, the prompt."""
     prompt = json_data.get("prompt") if isinstance(json_data, dict) else None
+    forget_spec_plans()                 # the plans of an earlier prompt are not this one's
     for node_id, node in (prompt or {}).items() if isinstance(prompt, dict) else ():
         if not isinstance(node, dict) or node.get("class_type") != NODE:
             continue

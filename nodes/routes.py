@@ -3,20 +3,20 @@ pickers offer (registered on ComfyUI's PromptServer route table, nothing patched
 
 JSON: {"source", "devices": [{name, kind, total_bytes, free_bytes, description,
 simulated}], "runtime": [choices], "params": [choices], "notice": "" or the line saying
-ComfyUI hides GPUs of this machine (runtime/comfy/visible_devices.py), "workers": [one
+ComfyUI hides GPUs of this machine (runtime/comfy/patchers/visible_devices.py), "workers": [one
 line per worker: joined with its devices, or why not]}. `?simulate=cuda0=24GiB,...`
 answers for hardware this machine lacks (as the CLI's --simulate); without it, the
 inventory the nodes plan for (node_inventory: --cpu, COMFYUI_PLACEMENT_SIMULATE).
 `?workers=w1=HOST:PORT,...` (a Backend Assignment's workers input) adds each reachable
-worker's devices (w1.cuda0), joined once per session (runtime/distributed/pool.py).
+worker's devices (w1.cuda0), joined once while ComfyUI runs (runtime/distributed/pool.py).
 """
 import asyncio
 import logging
 
 from ..placement.devices import Inventory
 from ..placement.errors import PlacementError
-from ..runtime.comfy.visible_devices import hidden_gpus_note
 from ..placement.remote_devices import is_remote
+from ..runtime.comfy.patchers.visible_devices import hidden_gpus_note
 from .common import node_inventory, workers_inventory
 
 log = logging.getLogger("comfyui-placement")

@@ -61,7 +61,7 @@ TABLE: Dict[str, Dict[str, FrozenSet[str]]] = {
                                            "pipeline_split",     # comfy/sampling_session.py
                                            "remote_range"},      # comfy/worker_ranges.py
         "te": _ENGINE | _PATCHER,
-        # tiles: ComfyUI's own decode_tiled on the placed copy (runtime/comfy/vae_tiles.py)
+        # tiles: ComfyUI's own decode_tiled on the placed copy (runtime/comfy/apply/vae_tiles.py)
         "vae": frozenset({"disk", "simulated", "tiled_decode"}) | _PATCHER,
         "controlnet": _PATCHER,
         "clip_vision": _PATCHER,

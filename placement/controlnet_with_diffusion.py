@@ -3,7 +3,7 @@
 ComfyUI adds a ControlNet's residuals inside the diffusion model's forward (a UNet's
 input, middle and output blocks, a DiT's blocks). A ControlNet on another device than
 the diffusion model's main device computes there and its residuals hop to the
-diffusion model's device at every model call (runtime/comfy/control_hops.py); inside a
+diffusion model's device at every model call (runtime/comfy/sampling/control_hops.py); inside a
 layer split, a residual added on another device of the split follows its activation.
 
 The residuals all rest on the diffusion model's main device while its forward runs, so
@@ -102,7 +102,7 @@ def note(plan) -> None:
     where = apart(plan)
     if where is not None:
         plan.warnings.append(f"{where}: its residuals hop to the diffusion model's device "
-                             f"at every model call (runtime/comfy/control_hops.py)")
+                             f"at every model call (runtime/comfy/sampling/control_hops.py)")
 
 
 def together(plan, refit, infos=None) -> object:

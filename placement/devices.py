@@ -3,13 +3,14 @@
 A simulated inventory is indistinguishable to the planner: it is how people plan for
 hardware they do not have, and how the runtime is tested without a GPU.
 """
-import os
 import re
 from dataclasses import dataclass, replace
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
+from . import detect as _detect
+from .detect import host_memory
 from .errors import PlacementError
-from .units import format_bytes, parse_bytes
+from .units import format_bytes, parse_bandwidth, parse_bytes, parse_throughput
 
 KINDS = ("gpu", "igpu", "cpu")
 _NAME = re.compile(r"^[a-z][a-z0-9.]*$")
@@ -50,34 +51,10 @@ def _kind_from_name(name: str) -> str:
     return "gpu"
 
 
-def _host_memory() -> Tuple[int, int]:
-    """(total, available) host RAM in bytes, without torch."""
-    total = avail = 0
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                key, _, rest = line.partition(":")
-                if key == "MemTotal":
-                    total = int(rest.split()[0]) * 1024
-                elif key == "MemAvailable":
-                    avail = int(rest.split()[0]) * 1024
-    except OSError:
-        pass
-    if not total:
-        try:
-            page = os.sysconf("SC_PAGE_SIZE")
-            total = os.sysconf("SC_PHYS_PAGES") * page
-            avail = os.sysconf("SC_AVPHYS_PAGES") * page
-        except (ValueError, OSError, AttributeError):
-            total = avail = 16 * 1024 ** 3   # unknown platform: a modest guess
-    return total, avail or total
-
-
 def _speeds(name: str, speeds, accepted: str):
     """'@165T' is a throughput, '@25GB/s' a host link bandwidth, '@workspace=256MiB' the
     kernel workspace, '@margin=512MiB' the slack kept free (placement/room.py); each at
     most once."""
-    from .machine_figures import parse_bandwidth, parse_throughput
     throughput = bandwidth = None
     settings = {}
     for text in speeds:
@@ -120,7 +97,7 @@ class Inventory:
         if len(set(names)) != len(names):
             raise PlacementError(f"inventory names a device twice: {', '.join(names)}")
         if "cpu" not in names:
-            total, avail = _host_memory()
+            total, avail = host_memory()
             devices = list(devices) + [Device("cpu", "cpu", total, avail, "host memory",
                                               torch_device="cpu")]
         self.devices: List[Device] = list(devices)
@@ -168,14 +145,12 @@ class Inventory:
     @classmethod
     def detect(cls) -> "Inventory":
         """This machine, through torch (imported here, not at module import)."""
-        from . import detect as _detect
-        return cls(_detect.torch_devices(), source="detected")
+        return cls([Device(**facts) for facts in _detect.torch_devices()], source="detected")
 
     def refreshed(self) -> "Inventory":
         """Free memory measured again (real devices); simulated ones are unchanged."""
         if self.source != "detected":
             return self
-        from . import detect as _detect
         free = _detect.free_bytes_by_name()
         return Inventory([replace(d, free_bytes=free.get(d.name, d.free_bytes))
                           for d in self.devices], source=self.source)

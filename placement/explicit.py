@@ -401,7 +401,7 @@ def _room_words(dev: DevicePlan) -> str:
 
 def _refuse_no_shard_room(cp: ComponentPlan, info, by_name) -> None:
     """A row split whose main device's unsharded weights leave no device room for a
-    shard: runtime/engine.share_weights refuses it."""
+    shard: runtime/engine.room_weights refuses it."""
     if not (cp.is_split and cp.split_mode == "row" and cp.parallel != "batch" and
             row_split_applies(info)) or row_split_held(info, _rooms(cp, by_name)) is not None:
         return

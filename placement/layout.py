@@ -2,9 +2,9 @@
 byte geometry of the streaming ring, and what each kind of placement holds on each
 device (one device resident or streamed, layer split ranges with their rings, row split
 shards, batch parallel copies). The one place for this arithmetic: the runtime
-(runtime/stream.py, stages.py, split/layer.py, split/row.py, runtime/footprint.py), the
+(runtime/engine/stream.py, stages.py, split/layer.py, split/row.py, runtime/footprint.py), the
 planner (placement/resolve.py for explicit plans, placement/fit for auto-fit) and the
-ComfyUI adapter's shares (runtime/comfy/shares.py through runtime/footprint.py) all
+ComfyUI adapter's shares (runtime/comfy/patchers/claims.py through runtime/footprint.py) all
 read it, so the bytes the planner predicts are the bytes the runtime allocates. Pure
 Python (no torch): the planner imports it; callers pass plain numbers.
 
@@ -168,7 +168,7 @@ EQUAL_FLOP_GROUPS = {
 }
 
 
-def compute_shares(info) -> List[float]:
+def compute_fractions(info) -> List[float]:
     """Each block's share of the blocks' compute (sums to 1), in execution order."""
     blocks = list(getattr(info, "blocks", ()))
     if not blocks:
@@ -187,7 +187,7 @@ def ring_schedule(compute: Sequence[float], transfer: Sequence[float],
                   steps: int = 4) -> Tuple[float, float]:
     """(step seconds, stall seconds) of streaming blocks with per-block `compute` and
     `transfer` seconds through the ring of `ring_bytes(sizes, depth)`, as
-    runtime/stream.py schedules it: when block q's hook runs (block q-1's compute is
+    runtime/engine/stream.py schedules it: when block q's hook runs (block q-1's compute is
     done), the copies of blocks up to q + ahead[q] are issued; the copy engine runs them
     one after the other; block q computes once its copy landed. The order wraps across
     steps (the next step's first copies start during this step's last blocks), so the
@@ -267,10 +267,35 @@ def choose_depth(compute: Sequence[float], transfer: Sequence[float], sizes: Seq
 
 # -- what a placement holds on each device --------------------------------------------------
 # One byte model for the planner (placement/resolve.py, placement/fit), the runtime
-# (runtime/stages.py, split/layer.py, split/row.py, runtime/footprint.py) and the ComfyUI
-# adapter (runtime/comfy/shares.py). Inputs are plain numbers: `non_block` bytes (held by
+# (runtime/engine/stages.py, split/layer.py, split/row.py, runtime/footprint.py) and the ComfyUI
+# adapter (runtime/comfy/patchers/claims.py). Inputs are plain numbers: `non_block` bytes (held by
 # the main device, index 0), block `sizes` in execution order, each device's `room` for
 # weights (its ledger capacity, the budget capped by free memory, less working memory).
+def planned_prefix(stream, device: str, n: int) -> Tuple[Optional[int], Optional[list]]:
+    """The one reading of a plan's stream prefix for `device`'s n streamed blocks (the
+    engine, runtime/engine/one_device.py and split/layer.py, and its prediction,
+    runtime/footprint.py): auto-fit's own entry for the device ([resident, of blocks],
+    stream.per_device) where it matches the n blocks, else None; and the entry when there
+    is one that does not match (the caller records what it used instead)."""
+    entry = stream.per_device.get(device) if stream is not None else None
+    if not entry:
+        return None, None
+    k, of = int(entry[0]), int(entry[1])
+    if of == n and 0 <= k <= n:
+        return k, None
+    return None, list(entry)
+
+
+def stream_prefix(stream, device: str, n: int) -> Tuple[int, Optional[list]]:
+    """A streaming device's resident prefix of its n blocks: the plan's entry for it where
+    that matches (planned_prefix), else the plan's resident_blocks; and the entry that did
+    not match, if any."""
+    k, mismatched = planned_prefix(stream, device, n)
+    if k is None:
+        k = min(max(0, int(stream.resident_blocks)), n)
+    return k, mismatched
+
+
 def prefix_and_ring(sizes: Sequence[int], k: int, depth: int) -> int:
     """Blocks `sizes` with the first k resident and the rest cycling through the ring."""
     k = max(0, min(int(k), len(sizes)))
@@ -279,7 +304,7 @@ def prefix_and_ring(sizes: Sequence[int], k: int, depth: int) -> int:
 
 def one_device_bytes(non_block: int, sizes: Sequence[int],
                      stream: Optional[Tuple[int, int]] = None) -> int:
-    """One device (runtime/one_device.py): every weight, or when streamed (`stream` =
+    """One device (runtime/engine/one_device.py): every weight, or when streamed (`stream` =
     (resident prefix, prefetch depth)) the non-block weights, the prefix and the ring."""
     if stream is None:
         return non_block + sum(sizes)
@@ -319,7 +344,7 @@ def range_bytes(sizes: Sequence[int], room: int, depth: int, streaming: bool,
 
 def split_rooms(rooms: Sequence[int], main: int) -> List[float]:
     """Each device's weight for a split's shares (layer ranges, row counts): its room,
-    the main device's less what it holds besides (runtime/engine.share_weights)."""
+    the main device's less what it holds besides (runtime/engine.room_weights)."""
     return [float(max(0, r - (main if i == 0 else 0))) for i, r in enumerate(rooms)]
 
 

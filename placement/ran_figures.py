@@ -6,7 +6,7 @@ placement/report.render_measured) and the bars the editor draws (web/placement.j
 phaseBars, which reads `device_table[].phases` of an auto-fit plan, else
 `device_phases`). The plan that ran is the sampling plan made again at the first model
 call with the diffusion model's rehearsed working memory; a phase whose engine calls
-were rehearsed too (text encode, VAE decode: runtime/comfy/engine_calls.py) takes the
+were rehearsed too (text encode, VAE decode: runtime/comfy/apply/engine_calls.py) takes the
 bytes those calls planned on each device, written into the same JSON, so the bars and
 the line cannot disagree.
 """

@@ -2,9 +2,9 @@
 
 Knows torch, never ComfyUI (the adapter is runtime/comfy). See docs/runtime.md.
 """
-from .blocks import find_blocks
-from .ledger import Ledger
+from .blocks.find import find_blocks
+from .device.ledger import Ledger
+from .device.simdevice import Link
 from .place import Placed, place
-from .simdevice import Link
 
 __all__ = ["place", "Placed", "find_blocks", "Ledger", "Link"]

@@ -2,7 +2,7 @@
 tensors grouped as the engine groups them (stages.py, split/row.py), through the byte
 model of placement/layout.py that the planner and the engine use. Resident weights and
 ring bytes, no working memory: the ledger's "resident" + "slots" once loaded. The
-ComfyUI adapter sizes its shares from it (runtime/comfy/shares.py).
+ComfyUI adapter sizes its shares from it (runtime/comfy/patchers/claims.py).
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -10,10 +10,11 @@ from torch import nn
 
 from ..placement.errors import PlacementError
 from ..placement.layout import (batch_parallel_bytes, group_blocks, layer_split_bytes,
-                                one_device_bytes, owner_of, row_split_bytes, split_rooms)
+                                one_device_bytes, owner_of, planned_prefix, row_split_bytes,
+                                split_rooms, stream_prefix)
 from ..placement.ranges import proportional_ranges
-from .blocks import block_tensor_ids, find_blocks
-from .tensors import module_tensors
+from .blocks.find import block_tensor_ids, find_blocks
+from .blocks.module_tensors import module_tensors
 
 
 def module_sizes(module: nn.Module, block_names=None) -> Tuple[int, List[int]]:
@@ -44,13 +45,10 @@ def rooms(plan, component: str, inventory, headroom: Optional[int] = None) -> Li
 
 
 def _stream(cp, device: str, n: int) -> Optional[Tuple[int, int]]:
-    """(resident prefix, depth) one device streams with (runtime/one_device.py)."""
-    s = cp.stream
-    if s is None:
+    """(resident prefix, depth) one device streams with (runtime/engine/one_device.py)."""
+    if cp.stream is None:
         return None
-    planned = s.per_device.get(device)
-    k = int(planned[0]) if planned and int(planned[1]) == n else s.resident_blocks
-    return min(k, n), max(0, s.prefetch_depth)
+    return stream_prefix(cp.stream, device, n)[0], max(0, cp.stream.prefetch_depth)
 
 
 def _prefixes(cp, owner: Sequence[int]) -> Optional[List[Optional[int]]]:
@@ -58,12 +56,8 @@ def _prefixes(cp, owner: Sequence[int]) -> Optional[List[Optional[int]]]:
     matches the device's range (split/layer.py's _planned_prefix)."""
     if cp.stream is None or not cp.stream.per_device:
         return None
-    out = []
-    for d, name in enumerate(cp.runtime):
-        planned, n = cp.stream.per_device.get(name), sum(1 for o in owner if o == d)
-        ok = planned and n and int(planned[1]) == n and 0 <= int(planned[0]) <= n
-        out.append(int(planned[0]) if ok else None)
-    return out
+    return [planned_prefix(cp.stream, name, sum(1 for o in owner if o == d))[0]
+            for d, name in enumerate(cp.runtime)]
 
 
 def row_split_footprint(module: nn.Module, room: Sequence[int], block_names=None) -> List[int]:

@@ -9,17 +9,17 @@ Modes, from the ComponentPlan:
 - params cpu/disk, no stream: every weight copied to the device for the placement (the
   phase) and dropped after, like stable-diffusion.cpp's offload.
 - params cpu/disk with stream: non-block weights and the first K blocks resident, the
-  rest streamed through a byte ring sized by placement/layout.py (runtime/stream.py).
+  rest streamed through a byte ring sized by placement/layout.py (runtime/engine/stream.py).
 `Placed` (one_device.py) is the one-stage case of the staged block engine (stages.py, whose
 many-stage case is the layer split); entering, loading, release, restore and stats are
-runtime/engine.py's, shared by every runtime.
+runtime/engine/core.py's, shared by every engine.
 The module's tensors keep their identity: only `.data` is rebound, and put back on
 exit, also when the forward raised (a simulated out-of-memory, an interrupt).
 """
 from torch import nn
 
 from ..placement.remote_devices import is_remote
-from .one_device import Placed
+from .engine.one_device import Placed
 
 
 def place(module: nn.Module, plan, component: str, inventory, **options):
@@ -29,7 +29,7 @@ def place(module: nn.Module, plan, component: str, inventory, **options):
     (hoststore.HostStore: streamed blocks' packed host copies kept across placements)
     and repoint (with host_store: points the caller's tensors into pageable packed
     copies, e.g. shadow.Shadow.repoint; without a store the module's own tensors are).
-    A plan whose runtime lists several devices runs on the split runtime (runtime/split,
+    A plan whose runtime lists several devices runs on a split engine (runtime/split,
     more options there); one that names worker devices (w1.cuda0) runs their ranges
     there and the rest here (runtime/distributed/planned.py; cluster= needed)."""
     comp = plan.components.get(component)

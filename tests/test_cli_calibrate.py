@@ -10,7 +10,7 @@ import pytest
 from comfyui_placement import cli
 from comfyui_placement.placement import Inventory
 from comfyui_placement.placement import machine_figures as mf
-from comfyui_placement.runtime import calibrate as cal
+from comfyui_placement.runtime.machine import calibrate as cal
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "placement"))
 from helpers import tiny_files as tf  # noqa: E402

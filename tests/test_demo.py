@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("diffusers")
 
-from comfyui_placement import demo  # noqa: E402
+from comfyui_placement.demo import pipeline as demo  # noqa: E402
 from comfyui_placement.placement.report import WIDTH  # noqa: E402
 
 
@@ -86,7 +86,7 @@ def test_timed_alike_takes_turns():
 
 
 def test_sim_speeds_describe_the_simulated_machine():
-    from comfyui_placement.runtime.simdevice import Link
+    from comfyui_placement.runtime.device.simdevice import Link
     speeds = demo.sim_speeds(1e11, Link(bandwidth=5e9), Link(bandwidth=2e9))
     assert speeds == {"throughput": {"cuda0": 1e11, "cuda1": 1e11, "cpu": 1e11},
                       "bandwidth": {"cuda0": 5e9, "cuda1": 5e9}, "peer_bandwidth": 2e9}

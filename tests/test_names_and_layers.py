@@ -48,3 +48,20 @@ def test_nodes_reach_comfy_only_through_the_adapter():
         found += [f"{path.name}:{i}: {line.strip()}"
                   for i, line in enumerate(text.splitlines(), 1) if HOOKS.search(line)]
     assert found == []
+
+
+# Module names found in both placement/ and runtime/: each is one idea, planned in
+# placement/ (priced, checked) and run in runtime/ (issue 32).
+PLANNED_THERE_RUN_HERE = {
+    "batch_parallel.py": "a batch's shares on several devices at once",
+    "lora.py": "LoRA patches: how they apply (placement), applied on arrival (runtime)",
+    "pipeline.py": "the pipelined layer split",
+    "worker_ranges.py": "block ranges of a layer split on worker machines",
+}
+
+
+def test_a_module_name_in_placement_and_runtime_is_one_idea():
+    names = {}
+    for folder in ("placement", "runtime"):
+        names[folder] = {p.name for p in _sources(folder) if p.name != "__init__.py"}
+    assert names["placement"] & names["runtime"] == set(PLANNED_THERE_RUN_HERE)

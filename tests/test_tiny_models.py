@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from comfyui_placement import tiny_models
+from comfyui_placement.demo import tiny_models
 from comfyui_placement.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@
 // * Fallbacks (a device this machine lacks): the node gets a warning line (and an orange
 //   frame in the classic renderer), and one toast per run lists what fell back. So do
 //   the runtime's fallbacks of a run (what ran instead of the plan: the measured
-//   record's runtime_fallbacks, runtime/fallbacks.py records, drawn from their fields).
+//   record's runtime_fallbacks, runtime/engine/fallbacks.py records, drawn from their fields).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
@@ -81,7 +81,7 @@ function fallbackText(f) {
   return `${who}: backend ${f.asked} -> runs on ${f.used}${why}`;
 }
 
-// A runtime fallback (runtime/fallbacks.py): {kind, component, planned, ran, why, device?}
+// A runtime fallback (runtime/engine/fallbacks.py): {kind, component, planned, ran, why, device?}
 const RUNTIME_KINDS = {
   block_never_ran: "blocks that never ran",
   row_to_layer: "row split ran as a layer split",

@@ -19,8 +19,8 @@ import math
 import re
 from typing import Dict, Mapping, Optional, Tuple
 
-from ..units import GiB, MiB
 from ..remote_devices import is_remote
+from ..units import GiB, MiB
 
 # Achieved (not peak) dense bf16 FLOP/s: a current discrete GPU, an integrated one, a CPU.
 DEFAULT_THROUGHPUT = {"gpu": 80e12, "igpu": 8e12, "cpu": 0.5e12}

@@ -29,9 +29,14 @@ def auto_depths(geos, work, rules, gpus, model) -> Dict[str, Tuple[int, List[flo
                 continue
             key = (c, model.throughput[g], bw)
             if key not in seen:
-                comp, trans, sizes, _ = block_seconds(geo, work[c].flop / model.throughput[g],
-                                                      0, bw)
-                seen[key] = choose_depth(comp, trans, sizes, AUTO_MAX_DEPTH, AUTO_STALL_SHARE)
+                compute = work[c].flop / model.throughput[g]
+                kept = ("auto depth", compute, bw)   # the model's table (geometry.py)
+                if kept not in geo.stalls:
+                    comp, trans, sizes, _ = block_seconds(geo, compute, 0, bw)
+                    geo.stalls[kept] = choose_depth(comp, trans, sizes, AUTO_MAX_DEPTH,
+                                                    AUTO_STALL_SHARE)
+                depth, shares = geo.stalls[kept]
+                seen[key] = (depth, list(shares))
             got = seen[key]
             if got[0] > best[0]:
                 best = got

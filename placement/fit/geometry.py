@@ -3,7 +3,7 @@
 A component is `non_block_bytes` (embeddings, final layers: always with the main
 device) plus blocks in execution order. Streaming keeps a resident prefix of K blocks
 and cycles the rest through a ring of `layout.ring_bytes(streamed sizes, depth)` bytes
-(the ring of runtime/stream.py; the arithmetic is placement/layout.py's, shared with
+(the ring of runtime/engine/stream.py; the arithmetic is placement/layout.py's, shared with
 the runtime, so what is predicted here is what the runtime allocates). Each kind of
 placement (kinds/) lays its blocks out from these sums.
 """
@@ -11,7 +11,7 @@ from bisect import bisect_left, bisect_right
 from functools import lru_cache
 from typing import Dict, List, Optional, Tuple
 
-from ..layout import compute_shares, ring_bytes, ring_suffix_bytes
+from ..layout import compute_fractions, ring_bytes, ring_suffix_bytes
 from ..units import MiB
 from .costs import FIXED_RESERVES
 
@@ -26,7 +26,7 @@ def headroom_of(info) -> int:
 class Geometry:
     """Prefix sums and stream footprints of one component, computed once per fit."""
     __slots__ = ("info", "comp", "total", "non_block", "sizes", "key", "prefix", "n",
-                 "headroom", "compute_shares", "_sufmax", "_need", "_rings")
+                 "headroom", "compute_fractions", "_sufmax", "_need", "_rings", "stalls")
 
     def __init__(self, info, headroom: Optional[int] = None):
         self.info = info
@@ -46,9 +46,13 @@ class Geometry:
         for k in range(self.n - 1, -1, -1):
             sufmax[k] = max(self.sizes[k], sufmax[k + 1])
         self._sufmax = sufmax
-        self.compute_shares = compute_shares(info)     # each block's share of the compute
-        self._need: Dict[int, Tuple[Tuple[int, ...], List[int]]] = {}
-        self._rings: Dict[Tuple[int, int, int], int] = {}
+        self.compute_fractions = compute_fractions(info)     # each block's share of the compute
+        # stream footprints per depth, ring bytes per (start, end, depth), and
+        # ring_stall's answers (option.py): the search prices one range at one depth on
+        # one kind of link many times over (each phase, each room it tries), and a
+        # session plans one model set again and again
+        self._need, self._rings, self.stalls = model_tables(
+            self.key, self.non_block, tuple(self.compute_fractions))
 
     @property
     def largest_block(self) -> int:
@@ -92,18 +96,39 @@ class Geometry:
 
     def range_prefix(self, start: int, end: int, room: int, depth: int) -> Optional[int]:
         """Largest k such that blocks start..start+k-1 resident plus the ring for the rest
-        of the range fit `room` (layout.resident_prefix, with the rings cached)."""
+        of the range fit `room` (layout.resident_prefix, with the rings cached).
+
+        Found by bisection: keeping one more block resident never lowers the footprint
+        (the block's bytes join the prefix, and the ring loses at most that block: a
+        window that held it, without it, lies inside a window of the blocks left), so the
+        footprint rises with k and the largest k that fits is where it first does not."""
         prefix = self.prefix
         if prefix[end] - prefix[start] <= room:
             return end - start
-        for k in range(end - start - 1, -1, -1):      # blocks start+k..end-1 streamed
-            if prefix[start + k] - prefix[start] + self.range_window(start + k, end,
-                                                                      depth) <= room:
-                return k
-        return None
+        window, base = self.range_window, prefix[start]
+        if window(start, end, depth) > room:            # not even all streamed fits
+            return None
+        lo, hi = 0, end - start - 1                     # lo fits; the largest that fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if prefix[start + mid] - base + window(start + mid, end, depth) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def streamed_bytes(self, k: int) -> int:
         return self.prefix[self.n] - self.prefix[k]
+
+
+@lru_cache(maxsize=64)
+def model_tables(sizes: Tuple[int, ...], non_block: int, shares: Tuple[float, ...]
+                 ) -> Tuple[dict, dict, dict]:
+    """The footprint, ring-bytes and ring-stall tables of one model (its block sizes,
+    non-block bytes and compute shares), shared by every plan of it in this process, as
+    suffix_rings is: pure functions of those figures and of the keys they are asked
+    with."""
+    return {}, {}, {}
 
 
 @lru_cache(maxsize=1024)

@@ -81,11 +81,11 @@ def block_seconds(geo: Geometry, compute: float, k: int, bandwidth: float, lo: i
     block of each forward while the copies issued ahead keep going. `compute` is the
     whole component's on this device; the blocks' compute is their byte share of it
     (non-block weights are mostly embeddings and norms: no block's time), split by
-    layout.compute_shares."""
+    layout.compute_fractions."""
     hi = geo.n if hi is None else hi
     sizes = geo.sizes[k:hi]
     blocks = compute * geo.prefix[geo.n] / max(1, geo.total)
-    shares = geo.compute_shares
+    shares = geo.compute_fractions
     comp = [blocks * w for w in shares[k:hi]]
     lead = blocks * sum(shares[lo:k])
     return comp, [n / bandwidth for n in sizes], sizes, lead
@@ -98,8 +98,12 @@ def ring_stall(geo: Geometry, compute: float, k: int, bandwidth: float, depth: i
     hi = geo.n if hi is None else hi
     if depth <= 0 or hi - k < 2 or bandwidth <= 0:
         return 0.0
-    comp, trans, sizes, lead = block_seconds(geo, compute, k, bandwidth, lo, hi)
-    return ring_schedule(comp, trans, sizes, depth, lead)[1]
+    key = (compute, k, bandwidth, depth, lo, hi)
+    stall = geo.stalls.get(key)
+    if stall is None:
+        comp, trans, sizes, lead = block_seconds(geo, compute, k, bandwidth, lo, hi)
+        stall = geo.stalls[key] = ring_schedule(comp, trans, sizes, depth, lead)[1]
+    return stall
 
 
 __all__ = ["Option", "PHASE_ORDER", "streamed_forward", "block_seconds", "ring_stall"]

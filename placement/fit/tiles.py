@@ -1,7 +1,7 @@
 """VAE tiles before the CPU: the tile sizes auto-fit may decode an image in, what each
 needs and costs.
 
-A tiled decode (ComfyUI's VAE.decode_tiled, run by runtime/comfy/vae_tiles.py) decodes
+A tiled decode (ComfyUI's VAE.decode_tiled, run by runtime/comfy/apply/vae_tiles.py) decodes
 square tiles of `tile` pixels with a 64-pixel overlap, in three passes ((t/2 x 2t),
 (2t x t/2), (t x t): ComfyUI blends them to hide the seams). Working memory scales with
 the tile's area instead of the frame's; compute with the pixels the three passes

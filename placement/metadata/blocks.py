@@ -166,7 +166,7 @@ def _scan(tensors: Sequence[TensorInfo], family: str, match) -> BlockScan:
             group = root + tail
             bname = f"{group}.{index}" if group else str(index)
             if tail in LEVEL_GROUPS:   # 'down_blocks.0.3.': a level's layers are blocks,
-                # as the runtime's (runtime/blocks.py)
+                # as the runtime's (runtime/blocks/find.py)
                 rest = name[len(bname) + 1:]
                 dot = rest.find(".")
                 if dot > 0 and rest[:dot].isdigit():

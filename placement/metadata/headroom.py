@@ -45,7 +45,7 @@ class DiT(NamedTuple):
     cfg: int            # 2: cond and uncond run as one batch
 
 
-# c: the rehearsal's peak (runtime/rehearse.py, the fused-attention GPU) of the
+# c: the rehearsal's peak (runtime/measure/rehearse.py, the fused-attention GPU) of the
 # released model at the shapes above, over tokens x hidden x act_bytes, times about 1.4
 # and rounded (benchmarks/working_memory_estimate.py; the arithmetic in docs/metadata.md).
 DIT = {

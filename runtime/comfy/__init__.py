@@ -6,11 +6,15 @@ never replaces ComfyUI's memory manager or switches a global device. Plans the p
 cannot express (streaming, disk, splits, simulated devices) run through the pack's
 engine: engine_model.py and sampling_session.py (diffusion model, per sampling run),
 engine_calls.py (VAE and text encoders, per call), engine_patcher.py (the load policy). The engine places a
-structural copy of ComfyUI's module (runtime/shadow.py), never the module itself.
+structural copy of ComfyUI's module (runtime/engine/shadow.py), never the module itself.
 """
-from .apply_plan import PLACERS, place_objects
-from .patcher_devices import (PatcherDevices, check_executable, needs_engine,
-                              patcher_devices_for)
+from .apply.apply_plan import PLACERS, place_objects
+from .patchers.patcher_devices import (
+    PatcherDevices,
+    check_executable,
+    needs_engine,
+    patcher_devices_for,
+)
 
 __all__ = ["PLACERS", "place_objects", "PatcherDevices", "check_executable", "needs_engine",
            "patcher_devices_for"]

@@ -6,7 +6,7 @@ Imports are limited to allowed module prefixes (diffusers and this pack by defau
 Descriptor (JSON): {"target": "pkg.mod:Class", "config": {...}} or {"target":
 "pkg.mod:factory", "kwargs": {...}} and optionally "file_arg": NAME, the keyword under
 which the factory is given the worker's own path of the range's file (a factory that
-reads the file's header, e.g. ComfyUI's detection: runtime/comfy/remote_model.py). A main
+reads the file's header, e.g. ComfyUI's detection: runtime/comfy/worker/remote_model.py). A main
 asks for it with builder=(target, kwargs, {"file_arg": NAME}).
 
 A tensor the built module holds as a subclass of torch.Tensor (ComfyUI-GGUF's GGMLTensor

@@ -49,7 +49,7 @@ class WorkerLink:
     def _lost(self, exc: Exception) -> PlacementError:
         self.broken = str(exc)
         try:
-            self.sock.close()           # the worker sees EOF and drops the session
+            self.sock.close()           # the worker sees EOF and stops serving us
         except OSError:
             pass
         return PlacementError(f"{self.where} lost: {exc}")

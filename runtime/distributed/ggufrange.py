@@ -20,7 +20,7 @@ import torch
 from ...placement.errors import PlacementError
 from ...placement.metadata.gguf_file import open_reader
 from ..gguf.reader import ORIG_SHAPE_KEY
-from ..weightfile import WeightFile
+from ..weights.weightfile import WeightFile
 
 TYPED = {"F32": torch.float32, "F16": torch.float16}
 

@@ -18,8 +18,7 @@ class OfferedDevices:
     def hello(self) -> list:
         """The device list the worker's hello reports."""
         if self.simulated is None:
-            from ...placement.detect import torch_devices
-            devices = torch_devices()
+            devices = Inventory.detect().devices
         else:
             devices = self.simulated.devices
         # a simulated entry's what-if speeds (cuda0=8GiB@165T) go along: the main's

@@ -16,10 +16,10 @@ from typing import Dict, List, Optional
 from ...placement.errors import PlacementError
 from ...placement.plan import Plan
 from ...placement.remote_devices import is_remote
-from ..blocks import find_blocks
-from ..tensors import key_mapper
-from .remote import remote_range
+from ..blocks.find import find_blocks
+from ..blocks.module_tensors import key_mapper
 from .cluster import Cluster
+from .remote import remote_range
 
 REMOTE_OPTIONS = ("builder", "remote_file", "chain", "timeout_s", "inputs")
 
@@ -106,7 +106,7 @@ class RemoteStages:
         self._final = None
 
     def __enter__(self) -> "RemoteStages":
-        from ..one_device import Placed
+        from ..engine.one_device import Placed
         from ..split import place_split
         place = Placed if len(self.local_plan.components[self.component].runtime) == 1 \
             else place_split
@@ -156,6 +156,16 @@ class RemoteStages:
                 acc["bytes"] += v["bytes"]
         out["links"] = links
         return out
+
+    def held_bytes(self, device: str) -> int:
+        return self.local.held_bytes(device) if self.local is not None else 0
+
+    @property
+    def crosses_devices(self) -> bool:
+        return False                # the ranges' hops are the chain's (chain.py)
+
+    def follow(self, x, like, kind: str = "follow"):
+        return x
 
     def stats(self) -> dict:
         """The local engine's stats (devices, streaming, local hops), with the workers'

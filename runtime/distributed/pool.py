@@ -1,4 +1,4 @@
-"""The workers a long-lived process (a ComfyUI server) has joined, kept for its session.
+"""The workers a long-lived process (a ComfyUI server) has joined, kept while it runs.
 
 A workflow names its workers as text (`w1=HOST:PORT,w2=HOST:PORT`); `join_workers(text)`
 returns them as `Workers`: each reachable worker joined once per process (its own

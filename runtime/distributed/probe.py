@@ -1,4 +1,4 @@
-"""How fast is the link to a worker? `calibrate --workers w1=HOST:PORT` (runtime/calibrate.py)
+"""How fast is the link to a worker? `calibrate --workers w1=HOST:PORT` (runtime/machine/calibrate.py)
 sends payloads the way a remote range sends activations (a control message, then the
 bytes over the process group) and the worker sends them straight back (its `run` request
 with mode "echo": nothing computed, nothing loaded). The best round trip of a small

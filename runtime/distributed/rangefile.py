@@ -15,7 +15,7 @@ from typing import Dict, Iterable, List
 import torch
 
 from ...placement.errors import PlacementError
-from ..weightfile import SafetensorsFile
+from ..weights.weightfile import SafetensorsFile
 from .ggufrange import GGUFRangeFile
 
 SUFFIXES = (".safetensors", ".gguf")

@@ -16,13 +16,13 @@ import torch
 from torch import nn
 
 from ...placement.errors import PlacementError
-from ..blocks import find_blocks
+from ..blocks.find import find_blocks
+from ..engine.forward_override import ForwardOverride
 from . import builder as builders, rangefile
 from .chain import RangeCalls
 from .cluster import RemoteDevice
 from .wire import flatten
 
-_MISSING = object()
 
 
 def _first_device(tensors: List[torch.Tensor]) -> torch.device:
@@ -45,7 +45,7 @@ class RemoteRange:
                  local_name: Optional[str] = None):
         """`inputs(args, kwargs) -> (args, kwargs)`: what of a block call crosses the wire
         (an adapter drops its own bookkeeping there, e.g. ComfyUI's transformer_options
-        callables; runtime/comfy/worker_ranges.py), applied before each remote call.
+        callables; runtime/comfy/worker/worker_ranges.py), applied before each remote call.
         `local_name`: the plan's name of the device the activations come from (its stats'
         links; default: the torch device they are on)."""
         if not isinstance(worker, RemoteDevice):
@@ -97,8 +97,7 @@ class RemoteRange:
                      max(self.timeout_s, self.worker.load_timeout_s))
         try:
             for k, (_, block) in enumerate(self.range):
-                self._forwards.append(block.__dict__.get("forward", _MISSING))
-                block.forward = functools.partial(self._call, k)
+                self._forwards.append(ForwardOverride(block, functools.partial(self._call, k)))
             # where the range's last placeholders must be gone (see chain.py)
             self._hooks = [self._checkpoints[0].register_forward_pre_hook(
                                lambda *_: self._calls.checkpoint()),
@@ -190,11 +189,8 @@ class RemoteRange:
     # -- exit: the local module exactly as it was ------------------------------------------
     def __exit__(self, *exc) -> None:
         errors = []
-        for (_, block), saved in zip(self.range, self._forwards):
-            if saved is _MISSING:
-                block.__dict__.pop("forward", None)
-            else:
-                block.forward = saved
+        for override in self._forwards:
+            override.restore()
         self._forwards = []
         for hook in self._hooks:
             hook.remove()

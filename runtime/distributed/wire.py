@@ -25,7 +25,7 @@ TAG_TO_WORKER, TAG_TO_MAIN = 0, 1
 
 
 class LinkLost(Exception):
-    """The peer is gone or too slow: the session cannot be trusted any more."""
+    """The peer is gone or too slow: the connection cannot be trusted any more."""
 
 
 class TimedOut(LinkLost):

@@ -5,10 +5,10 @@ against the main process's hashes) and runs them on the activations it is sent.
 Strangers cannot stall it: every connection's handshake runs in a thread of its own
 under one absolute deadline (--handshake-timeout), at most --max-pending of them at a
 time (more are turned away at once), reading only small messages until the peer proved
-the secret. One session at a time (the worker joins one group): a second main process
+the secret. One main process at a time (the worker joins one group): a second one
 that proves the secret meanwhile is told, in one line, whom the worker serves. A main
 process heard from neither by request nor by heartbeat for --main-timeout is dropped,
-and the next one may join. A broken connection or session never stops the worker.
+and the next one may join. A broken connection never stops the worker.
 """
 import os
 import socket
@@ -22,8 +22,8 @@ import torch
 from ...placement.errors import PlacementError
 from . import group as groups, wire
 from .auth import refuse, worker_handshake, worker_hello
-from .chain import run_chain
 from .builder import DEFAULT_ALLOWED
+from .chain import run_chain
 from .loaded import LoadedRange
 from .offered import OfferedDevices
 
@@ -59,7 +59,7 @@ class Worker:
         self.max_pending = max_pending
         self._state = threading.Condition()
         self._pending = 0                        # handshakes in flight
-        self._serving: Optional[str] = None      # "HOST:PORT since TIME" of the session
+        self._serving: Optional[str] = None      # "HOST:PORT since TIME" of the main served
         self.listener = socket.create_server((host, port))
         self.address = self.listener.getsockname()[:2]
 
@@ -123,9 +123,9 @@ class Worker:
             self._handshake_done()
         return None
 
-    # -- the one session ----------------------------------------------------------------
+    # -- the one main process served ---------------------------------------------------
     def _claim(self, peer: str) -> Optional[str]:
-        """Take the session for peer; else the one-line refusal naming who has it."""
+        """Serve peer from now on; else the one-line refusal naming whom it serves."""
         with self._state:
             if not self._state.wait_for(lambda: self._serving is None, _HANDOVER_S):
                 return f"busy: serving a main process from {self._serving}"
@@ -143,7 +143,7 @@ class Worker:
                          {"devices": self.offered.hello(),
                           "main_timeout_s": self.main_timeout_s},
                          time.monotonic() + self.main_timeout_s)
-            self._session(sock, peer)
+            self._requests(sock, peer)
         finally:
             with self._state:
                 self._serving = None
@@ -161,7 +161,7 @@ class Worker:
                 sock.settimeout(reply_timeout_s)  # not what was left of the wait
                 return request
 
-    def _session(self, sock: socket.socket, peer: str) -> None:
+    def _requests(self, sock: socket.socket, peer: str) -> None:
         ranges: Dict[int, LoadedRange] = {}
         group = None
         try:

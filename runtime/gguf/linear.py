@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..subclass_check import build_subclass
+from ..device.subclass_check import build_subclass
 from .dequant import dequantize, quantized_nbytes
 from .types import dequantizable
 

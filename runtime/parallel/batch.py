@@ -7,7 +7,7 @@
 The plan's component has parallel "batch" and two or more runtime devices. Each device
 runs the whole module under its own single-device placement (runtime.place: resident,
 staged or streamed, from the component plan with that device as its runtime) on its own
-structural copy (runtime/shadow.py), so placements never share a Parameter object and
+structural copy (runtime/engine/shadow.py), so placements never share a Parameter object and
 the caller's module is never hooked. While the context is open, calling `module` cuts
 the batch into contiguous shares proportional to the devices' speeds (`speeds={device:
 relative speed}`; default: the throughputs of the planner's cost model when the plan
@@ -40,10 +40,11 @@ from torch import nn
 
 from ...placement.errors import PlacementError
 from ...placement.plan import Plan
-from ..fallbacks import merged
-from ..hoststore import HostStore
-from ..one_device import Placed
-from ..shadow import Shadow
+from ..engine.fallbacks import merged
+from ..engine.forward_override import ForwardOverride
+from ..engine.one_device import Placed
+from ..engine.shadow import Shadow
+from ..host.hoststore import HostStore
 from .batch_cut import autocast_now, batch_size, cut_all, gather, share_counts
 
 
@@ -129,8 +130,7 @@ class BatchPlaced:
         self.last_shares = {d: 0 for d in self.devices}
         self.forwards = 0
         self.threads_seen = {d: set() for d in self.devices}
-        self._override = False
-        self._had_forward = False
+        self._override = None
         self._final = None
         self._lock = threading.Lock()
 
@@ -177,19 +177,12 @@ class BatchPlaced:
         return repoint
 
     def _install(self) -> None:
-        self._had_forward = "forward" in self.module.__dict__
-        self._saved_forward = self.module.__dict__.get("forward")
-        self.module.forward = self.forward
-        self._override = True
+        self._override = ForwardOverride(self.module, self.forward)
 
     def _uninstall(self) -> None:
-        if not self._override:
-            return
-        if self._had_forward:
-            self.module.forward = self._saved_forward
-        else:
-            del self.module.__dict__["forward"]
-        self._override = False
+        if self._override:
+            self._override.restore()
+        self._override = None
 
     def _teardown(self, exc) -> None:
         """Leave every placement (last first); the first error wins, later ones are
@@ -335,9 +328,19 @@ class BatchPlaced:
                 "host_pack_bytes": sum(s.get("host_pack_bytes", 0) for s in per.values()),
                 "device_check": next((c for c in checks if c != "on"),
                                      checks[0] if checks else None),
-                # each device's runtime fallbacks (runtime/fallbacks.py), each once
+                # each device's runtime fallbacks (runtime/engine/fallbacks.py), each once
                 "fallbacks": merged(*(s.get("fallbacks") for s in per.values())),
                 "per_device": per}
+
+    def held_bytes(self, device: str) -> int:
+        return sum(p.held_bytes(device) for p in self.placed)
+
+    @property
+    def crosses_devices(self) -> bool:
+        return False                # each device runs the whole module on its share
+
+    def follow(self, x, like, kind: str = "follow"):
+        return x
 
     def stats(self) -> dict:
         if self.placed:

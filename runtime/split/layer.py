@@ -7,34 +7,35 @@ minus headroom (placement.ranges). A device whose range does not fit its budget 
 a prefix of its range resident and streams the rest through its own ring
 (runtime/stream.Streamer on that device's Target), when the plan asks for streaming.
 
-The engine is runtime/stages.py's (the one-device placement is its one-stage case):
+The engine is runtime/engine/stages.py's (the one-device placement is its one-stage case):
 this file decides the ranges and each device's resident prefix. Per block the hot path
 is one pre-hook bound to precomputed values (device index, ledger, whether it enters a
 range): bring the arguments, note the activations.
 
 Where the plan's ranges or prefixes do not fit the module as it runs, they are derived
-here again: a runtime fallback (runtime/fallbacks.py) naming both, in the stats.
+here again: a runtime fallback (runtime/engine/fallbacks.py) naming both, in the stats.
 """
 from typing import List
 
 from ...placement.errors import PlacementError
-from ...placement.layout import owner_of, prefix_and_ring, range_prefix, ring_bytes
+from ...placement.layout import (owner_of, planned_prefix, prefix_and_ring, range_prefix,
+                                 ring_bytes)
 from ...placement.ranges import proportional_ranges
 from ...placement.units import format_bytes
-from ..stages import StagedEngine
+from ..engine.stages import StagedEngine
+from .split_engine import SplitEngine
 
 # {device: [first, last]} -> device index per block (None: not an exact cover)
 ranges_to_owner = owner_of
 
 
-class LayerSplit(StagedEngine):
+class LayerSplit(SplitEngine, StagedEngine):
     """The staged engine over two or more devices (stages.py has the engine)."""
     mode = "layer"
     _rehearses = True       # each device's prefix sized from the rehearsed first call
 
     def __init__(self, module, plan, component: str, inventory, **options):
         super().__init__(module, plan, component, inventory, **options)
-        self._check_split_params()
         if self.lora is not None:
             raise PlacementError(f"{component}: lora= is applied by row split; a layer "
                                  f"split keeps blocks whole, patch the module as usual")
@@ -48,8 +49,7 @@ class LayerSplit(StagedEngine):
 
     def _prefix(self, d: int, sizes: List[int], room: int, depth: int) -> int:
         t, stream = self.targets[d], self.cplan.stream
-        planned = self.cplan.stream.per_device.get(t.name) if self.cplan.stream else None
-        k = self._planned_prefix(planned, sizes, room, depth, stream, t.name)
+        k = self._planned_prefix(sizes, room, depth, stream, t.name)
         if k is not None:
             return k
         k = range_prefix(sizes, room, depth, stream is not None)
@@ -65,22 +65,27 @@ class LayerSplit(StagedEngine):
                              f"(a ring of {format_bytes(ring_bytes(sizes, depth))}); "
                              f"raise its budget")
 
-    def _planned_prefix(self, planned, sizes, room, depth, stream, device: str):
-        """auto-fit's resident prefix for this device's range ([resident, of blocks]),
-        when it has one that matches the range and fits; None: decide here."""
-        if stream is None or not planned or not sizes:
+    def _planned_prefix(self, sizes, room, depth, stream, device: str):
+        """auto-fit's resident prefix for this device's range (placement/layout.py
+        planned_prefix), when it has one that matches the range and fits; None: decide
+        here."""
+        if stream is None or not sizes:
             return None
-        k, of = int(planned[0]), int(planned[1])
-        if of != len(sizes) or not 0 <= k <= of:
-            why = (f"the plan's stream prefix {list(planned)} does not match a range of "
-                   f"{len(sizes)} blocks; sized from the budget")
-        elif prefix_and_ring(sizes, k, depth) > room:
-            why = (f"the plan keeps {k} of {of} blocks resident, which does not fit the "
-                   f"budget here; sized from the budget")
-        else:
+        k, mismatched = planned_prefix(stream, device, len(sizes))
+        if k is not None and prefix_and_ring(sizes, k, depth) <= room:
             return k
+        if k is None and mismatched is None:
+            return None                     # the plan gave this device no prefix
+        if mismatched is not None:
+            planned = mismatched
+            why = (f"the plan's stream prefix {mismatched} does not match a range of "
+                   f"{len(sizes)} blocks; sized from the budget")
+        else:
+            planned = [k, len(sizes)]
+            why = (f"the plan keeps {k} of {len(sizes)} blocks resident, which does not fit "
+                   f"the budget here; sized from the budget")
         here = range_prefix(sizes, room, depth, True)
-        self.fallbacks.add("plan_rederived", {"resident": k, "of": of},
+        self.fallbacks.add("plan_rederived", {"resident": planned[0], "of": planned[1]},
                            {"resident": here, "of": len(sizes)} if here is not None
                            else "refused: no prefix fits", why, stacklevel=6,
                            device=device, field="stream.per_device")
@@ -92,7 +97,7 @@ class LayerSplit(StagedEngine):
             owner = ranges_to_owner(self.cplan.blocks, self.runtime, n)
             if owner is not None:
                 return owner
-        weights = self.share_weights(nonblock_bytes)
+        weights = self.room_weights(nonblock_bytes)
         ranges = proportional_ranges([g.nbytes for g in groups], self.runtime, weights)
         if self.cplan.blocks:
             self.fallbacks.add(

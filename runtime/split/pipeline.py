@@ -24,6 +24,7 @@ from typing import Callable, List, Optional
 import torch
 
 from ...placement.errors import PlacementError
+from ..engine.forward_override import ForwardOverride
 from ..parallel.batch_cut import autocast_now, batch_size, cut_all, gather, share_counts
 from .layer import LayerSplit
 
@@ -51,7 +52,7 @@ class PipelinedSplit(LayerSplit):
         self._turn: List[int] = []
         self._abort = False
         self._share = threading.local()
-        self._override = False
+        self._override = None
 
     # -- hooks ------------------------------------------------------------------------
     def _attach(self) -> None:
@@ -81,21 +82,13 @@ class PipelinedSplit(LayerSplit):
         super()._detach()
 
     def _install(self) -> None:
-        d = self.module.__dict__
-        self._had_forward = "forward" in d
-        self._saved_forward = d.get("forward")
         self._inner = self.module.forward           # the module's own (bound) forward
-        self.module.forward = self._forward
-        self._override = True
+        self._override = ForwardOverride(self.module, self._forward)
 
     def _uninstall(self) -> None:
-        if not self._override:
-            return
-        if self._had_forward:
-            self.module.forward = self._saved_forward
-        else:
-            del self.module.__dict__["forward"]
-        self._override = False
+        if self._override:
+            self._override.restore()
+        self._override = None
 
     def _enter(self, k: int) -> None:
         share = self._share

@@ -21,14 +21,15 @@ from torch import nn
 
 from ...placement.errors import PlacementError
 from ...placement.layout import ROW_MIN, row_counts, row_shardable
-from ..blocks import find_blocks
+from ..blocks.find import find_blocks
+from ..blocks.module_tensors import make_group, seen_bytes, to_device
+from ..engine.core import Engine
+from ..engine.forward_override import ForwardOverride
 from ..gguf.linear import GGUFLinear, quantized_rows
-from ..residency import Group
-from ..tensors import make_group, seen_bytes, to_device
-from ..engine import Engine
+from ..host.residency import Group
+from .split_engine import SplitEngine
 
 MIN_ROWS = MIN_COLS = ROW_MIN         # placement/layout.py: the planner's rule too
-_MISSING = object()
 
 
 def eligible_linears(module: nn.Module, block_names=None) -> List[Tuple[str, nn.Linear]]:
@@ -67,12 +68,8 @@ class _Shard:
         self.loras = loras           # [(down, up_rows, scale)]
 
 
-class RowSplit(Engine):
+class RowSplit(SplitEngine, Engine):
     mode = "row"
-
-    def __init__(self, module, plan, component: str, inventory, **options):
-        super().__init__(module, plan, component, inventory, **options)
-        self._check_split_params()
 
     @classmethod
     def applies(cls, module: nn.Module, block_names=None) -> bool:
@@ -107,7 +104,7 @@ class RowSplit(Engine):
                 sharded_ids.add(id(lin.bias))
         rest = [i for i in by_id if i not in sharded_ids]
         main = make_group("main", by_id, rest) if rest else None
-        weights = self.share_weights(main.nbytes if main else 0)
+        weights = self.room_weights(main.nbytes if main else 0)
 
         # the shard tensors: row slices of the resting weights, packed per device
         self._pieces: List[List[torch.Tensor]] = [[] for _ in self.targets]
@@ -190,17 +187,13 @@ class RowSplit(Engine):
                 w = lin.weight if w_i is None else p[w_i]
                 b = lin.bias if w_i is None else (None if b_i is None else p[b_i])
                 shards.append(_Shard(d, w, b, [(p[a], p[u], s) for a, u, s in loras]))
-            previous = lin.__dict__.get("forward", _MISSING)
-            self._overrides.append((lin, previous))
-            lin.forward = self._forward_fn(shards, quantized_rows(lin))
+            self._overrides.append(
+                ForwardOverride(lin, self._forward_fn(shards, quantized_rows(lin))))
 
     def _detach(self) -> None:
         super()._detach()
-        for lin, previous in getattr(self, "_overrides", []):
-            if previous is _MISSING:
-                lin.__dict__.pop("forward", None)
-            else:
-                lin.forward = previous
+        for override in getattr(self, "_overrides", []):
+            override.restore()
         self._overrides = []
 
     def _forward_fn(self, shards: List[_Shard], dequantize=None):
@@ -282,7 +275,7 @@ class RowSplit(Engine):
 
 def fall_back_to_layer(placement, module: nn.Module) -> None:
     """The row split asked for runs as `placement` (a layer split): said once, recorded
-    in its stats (runtime/fallbacks.py)."""
+    in its stats (runtime/engine/fallbacks.py)."""
     placement.fallbacks.add(
         "row_to_layer", "row", "layer",
         f"split_mode=row found no Linear weight of at least {MIN_ROWS}x{MIN_COLS} inside "

@@ -77,8 +77,8 @@ def session_facts(tag):
             for s in session.run_stats]
     return {"session": type(session).__name__, "runs": runs,
             "open": session.placed is not None,
-            "share_bytes": [m.model_size() for m in
-                            model.get_additional_models_with_key("placement_shares")]}
+            "claim_bytes": [m.model_size() for m in
+                            model.get_additional_models_with_key("placement_claims")]}
 
 
 async def run(executor, tag, inventory, ref=None, cfg=2.0, record=False, plan_sink=False,

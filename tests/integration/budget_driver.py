@@ -57,7 +57,7 @@ def best_split(non_block, sizes):
 def ran_stats(tag):
     """The engine stats of the placement sampling ran: Apply Placement's MODEL's, or,
     where sampling planned again with the rehearsed working memory (another plan), the
-    re-placed copy's (runtime/comfy/workload.py's replanner)."""
+    re-placed copy's (runtime/comfy/replan/workload.py's replanner)."""
     model = cd.KEPT.get(tag, {}).get("model")
     if model is None:
         return None

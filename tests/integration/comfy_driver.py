@@ -544,8 +544,8 @@ def devices_prompt():
 
 
 def adapter_facts(model, vae):
-    comps = pack_module("runtime.comfy.components")
-    patcher_devices = pack_module("runtime.comfy.patcher_devices")
+    comps = pack_module("runtime.comfy.apply.placed_copies")
+    patcher_devices = pack_module("runtime.comfy.patchers.patcher_devices")
     placement = pack_module("placement")
     facts = {}
     model_before, vae_before = model_state(model), vae_state(vae)
@@ -625,9 +625,9 @@ def adapter_type_facts():
     import comfy.controlnet
     import comfy.clip_vision
     import comfy.model_patcher
-    comps = pack_module("runtime.comfy.components")
-    patchers = pack_module("runtime.comfy.patchers")
-    patcher_devices = pack_module("runtime.comfy.patcher_devices")
+    comps = pack_module("runtime.comfy.apply.placed_copies")
+    patchers = pack_module("runtime.comfy.patchers.retarget")
+    patcher_devices = pack_module("runtime.comfy.patchers.patcher_devices")
     cpu, cuda1 = torch.device("cpu"), torch.device("cuda", 1)
     T = patcher_devices.PatcherDevices
     facts = {}
@@ -663,7 +663,7 @@ def adapter_type_facts():
         "original_unchanged": patcher_state(cn.control_model_wrapped) == before,
         "other_device_than_diffusion": err(comps.place_controlnet, cn,
                                            T("controlnet", "cpu", "cpu", cpu, cpu), "cuda0")}
-    # apart from the diffusion model: a proxy that hops (runtime/comfy/control_hops.py)
+    # apart from the diffusion model: a proxy that hops (runtime/comfy/sampling/control_hops.py)
     apart, notes = comps.place_controlnet(cn, T("controlnet", "cpu", "cpu", cpu, cpu), "cuda0")
     again = apart.copy()                 # what Apply ControlNet does with it
     x = torch.randn(2, 4)
@@ -738,7 +738,7 @@ def adapter_type_facts():
                             "original_load": str(dyn.load_device),
                             "original_uuid": dyn.patches_uuid}
     # the engine's clone: always a plain patcher (DynamicVRAM rebuilt), engine load policy
-    engine = pack_module("runtime.comfy.sampling_session")
+    engine = pack_module("runtime.comfy.sampling.sampling_session")
     out, notes = engine.engine_clone(dyn, cuda1, cpu, "diffusion")
     facts["engine_dynamic"] = {"dynamic": out.is_dynamic(), "new_weights": out.model is not dyn.model,
                                "engine": getattr(out, "placement_engine", False),
@@ -751,7 +751,7 @@ def adapter_type_facts():
     # adapters and LowVramPatch, the converted delta equals calculate_weight's
     import comfy.model_patcher
     import comfy.weight_adapter as adapters
-    row_lora = pack_module("runtime.comfy.row_lora")
+    row_lora = pack_module("runtime.comfy.patchers.row_lora")
 
     class Rows(torch.nn.Module):
         def __init__(self):
@@ -948,7 +948,7 @@ def te_file_facts(clip):
     """The exact-match rules of te_files on the loader's CLIP-L against files derived from
     its own: a checkpoint-style prefix maps; two layers swapped (same names and shapes,
     other values), the encoder stored twice (ambiguous) and a key-less file are refused."""
-    te_files = pack_module("runtime.comfy.te_files")
+    te_files = pack_module("runtime.comfy.files.te_files")
     placement = pack_module("placement")
     src = os.path.join(ARGS.work, "models", "text_encoders", "tiny_clip_l.safetensors")
     sd = safetensors.torch.load_file(src)
@@ -1335,6 +1335,24 @@ async def main():
                                                               tag="bad"), "bad_spec")
     RESULTS["bad_module"] = await run_prompt(executor, pipeline(backend="unet2=cpu",
                                                                 tag="bad2"), "bad_module")
+    # 3b. one plan per spec per prompt: validation plans Backend Assignment's whole spec
+    # and execute shows and passes on that plan (nodes/planning.spec_plan); Apply Placement
+    # plans with the models (not counted here)
+    planning = pack_module("nodes.planning")
+    spec_plans, real_plan = [], planning.resolve_plan
+
+    def counting(spec, inventory, components=None, **kwargs):
+        if not components:
+            spec_plans.append(repr(spec))
+        return real_plan(spec, inventory, components=components, **kwargs)
+    planning.resolve_plan = counting
+    try:
+        rec = await run_prompt(executor, pipeline(backend="diffusion=cpu", max_vram="6",
+                                                  tag="once"), "planned_once")
+    finally:
+        planning.resolve_plan = real_plan
+    RESULTS["planned_once"] = {"valid": rec["valid"], "success": rec.get("success"),
+                               "spec_plans": len(spec_plans)}
     # 4. a device this machine lacks: fallback with a warning, or an error when strict
     RESULTS["missing_fallback"] = await run_prompt(
         executor, pipeline(backend="diffusion=cuda7", tag="fallback"), "missing_fallback")

@@ -191,7 +191,7 @@ def working_memory(name) -> int:
     """The pack's own working-memory estimate for the encoder(s) (placement/metadata,
     from the files' real widths: T5's materialised position bias and FFN), less the GPU
     workspace a simulated device does not have. The simulated device meters what the
-    encoder really computes (runtime/workmeter.py) and refuses to go past its memory:
+    encoder really computes (runtime/device/workmeter.py) and refuses to go past its memory:
     an estimate below the truth fails here."""
     describe = pack_module("placement.metadata.describe").describe_component
     workspace = pack_module("placement.metadata.headroom").WORKSPACE
@@ -214,7 +214,7 @@ def _bytes(ts):
 
 def sizes_of(module):
     """(total bytes, non-block bytes, [block bytes]) as the runtime finds the blocks."""
-    blocks = pack_module("runtime.blocks").find_blocks(module)
+    blocks = pack_module("runtime.blocks.find").find_blocks(module)
     total = _bytes(list(module.parameters()) + list(module.buffers()))
     sizes = [_bytes(list(b.parameters()) + list(b.buffers())) for _, b in blocks]
     return total, total - sum(sizes), sizes
@@ -382,7 +382,7 @@ def vae_time_tiles(name, latent_frames=4):
     import folder_paths
     import nodes
     placement = pack_module("placement")
-    place_objects = pack_module("runtime.comfy.apply_plan").place_objects
+    place_objects = pack_module("runtime.comfy.apply.apply_plan").place_objects
     spec = encoders.VAES[name]
     vae = nodes.VAELoader().load_vae(spec["file"])[0]
     channels, _, height, width = spec["latent"]

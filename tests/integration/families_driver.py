@@ -77,7 +77,7 @@ def parse_args():
                     help="ComfyUI's cross attention (its --use-*-cross-attention flag)")
     ap.add_argument("--without-skip-patch", action="store_true",
                     help="run as if the layer split's UNet skip patch (runtime/comfy/"
-                         "skips.py) and its crossing of joins (runtime/crossings.py) were "
+                         "skips.py) and its crossing of joins (runtime/blocks/crossings.py) were "
                          "removed: the device check must refuse the skip cat")
     ap.add_argument("--simulate", default="",
                     help="COMFYUI_PLACEMENT_SIMULATE inventory for the placed runs "
@@ -343,7 +343,7 @@ def meta_facts(fam, full):
     cfg, model = fam_mod.meta_model(config)
     sd = model.diffusion_model.state_dict()
     detected = comfy.model_detection.model_config_from_unet(sd, "")
-    pack_blocks = pack_module("runtime.blocks").find_blocks(model.diffusion_model)
+    pack_blocks = pack_module("runtime.blocks.find").find_blocks(model.diffusion_model)
     placement = pack_module("placement")
     try:        # planning from the full-size module: streamed on one simulated GPU
         plan = placement.plan(placement.PlacementSpec(backend="diffusion=cuda0",
@@ -452,7 +452,7 @@ def write_lora(key, loras_dir, rank=4):
     dm = KEPT[key]["model"].model.diffusion_model
     g = torch.Generator().manual_seed(11)
     sd = {}
-    for bname, block in pack_module("runtime.blocks").find_blocks(dm):
+    for bname, block in pack_module("runtime.blocks.find").find_blocks(dm):
         for name, mod in block.named_modules():
             if isinstance(mod, torch.nn.Linear):
                 base = f"diffusion_model.{bname}.{name}"
@@ -632,7 +632,7 @@ def block_sizes(key):
     """(non-block bytes, [block bytes]) of the loader's diffusion model, as the runtime
     finds its blocks."""
     dm = KEPT[key]["model"].model.diffusion_model
-    blocks = pack_module("runtime.blocks").find_blocks(dm)
+    blocks = pack_module("runtime.blocks.find").find_blocks(dm)
     seen, sizes = set(), []
     for _, b in blocks:
         n = 0
@@ -764,7 +764,7 @@ def sharded_bytes(key):
     """Bytes of the weights a row split shards (shardable_linears' Linears)."""
     dm = KEPT[key]["model"].model.diffusion_model
     return sum(t.numel() * t.element_size()
-               for _, b in pack_module("runtime.blocks").find_blocks(dm)
+               for _, b in pack_module("runtime.blocks.find").find_blocks(dm)
                for m in b.modules() if isinstance(m, torch.nn.Linear)
                and m.weight.shape[0] >= 256 and m.weight.shape[1] >= 256
                for t in (m.weight, m.bias) if t is not None)
@@ -773,7 +773,7 @@ def sharded_bytes(key):
 def shardable_linears(key):
     """Linears a row split shards (runtime/split/row.py: 256x256 and more) in the blocks."""
     dm = KEPT[key]["model"].model.diffusion_model
-    return sum(1 for _, b in pack_module("runtime.blocks").find_blocks(dm)
+    return sum(1 for _, b in pack_module("runtime.blocks.find").find_blocks(dm)
                for m in b.modules() if isinstance(m, torch.nn.Linear)
                and m.weight.shape[0] >= 256 and m.weight.shape[1] >= 256)
 
@@ -808,11 +808,11 @@ def way_facts(tag):
     model = KEPT.get(tag + "_placed", {}).get("model")
     session = model.get_attachment("placement") if model is not None else None
     # the plan that ran: sampling planned again with the working memory its first model
-    # call rehearsed (runtime/comfy/workload.py); the node-time plan where it did not
+    # call rehearsed (runtime/comfy/replan/workload.py); the node-time plan where it did not
     run = model.get_attachment("placement_autofit") if model is not None else None
     last = getattr(run, "last", None)
     if last is not None:                 # a plan that placed the model otherwise ran a copy
-        key = pack_module("runtime.comfy.workload").placement_key(last[1], "diffusion")
+        key = pack_module("runtime.comfy.replan.workload").placement_key(last[1], "diffusion")
         for k, _, placed in getattr(run, "models", []):
             if k == key:
                 session = placed.get_attachment("placement")
@@ -829,7 +829,7 @@ def way_facts(tag):
             "params": comp.get("params"), "split_mode": comp.get("split_mode"),
             "stream": comp.get("stream"), "parallel": comp.get("parallel"),
             "planned": planned, "measured": devices, "hops": stats.get("hops"),
-            # a layer split: the bytes that crossed, and by where (runtime/crossings.py)
+            # a layer split: the bytes that crossed, and by where (runtime/blocks/crossings.py)
             "hop_bytes": stats.get("hop_bytes"), "crossings": stats.get("crossings"),
             "forwards": stats.get("forwards"), "ranges": stats.get("ranges"),
             "working_memory": stats.get("working_memory"),
@@ -899,18 +899,18 @@ def jsonable(x):
 
 def drop_skip_patch():
     """The UNet skip patch as if removed: the patch it adds leaves each skip where it is,
-    and so does the layer split's general crossing of joins (runtime/crossings.py, which
+    and so does the layer split's general crossing of joins (runtime/blocks/crossings.py, which
     would bring the skip to the cat's first tensor's device as the patch does): nothing
     brings the skip over."""
     def inert(follow):
         return lambda h, hsp, transformer_options: (h, hsp)
-    for suffix in ("runtime.comfy.skips", "runtime.comfy.rehearse_call"):
+    for suffix in ("runtime.comfy.sampling.skips", "runtime.comfy.replan.rehearse_call"):
         module = pack_module(suffix)
         if hasattr(module, "skip_follow_patch"):
             module.skip_follow_patch = inert
-    stages = pack_module("runtime.stages")
+    stages = pack_module("runtime.engine.stages")
     stages.StagedEngine._joins = lambda self: None
-    rehearse = pack_module("runtime.rehearse")
+    rehearse = pack_module("runtime.measure.rehearse")
     rehearse.JoinsFollow = lambda follow: contextlib.nullcontext()
 
 

@@ -242,7 +242,7 @@ def store_facts(objs):
     """The engine's packed host copies held for the loaders' modules: bytes, pinned bytes,
     and how many of their pageable bytes the modules' own tensors point into (one copy)."""
     try:
-        hoststore = cd.pack_module("runtime.hoststore")
+        hoststore = cd.pack_module("runtime.host.hoststore")
     except (LookupError, ImportError):
         return None
     out = {}
@@ -384,7 +384,7 @@ async def main():
             "image": image(tag, "ref_" + unet),
             "image_second": image(tag + "_second", "ref_" + unet + "_second")
             if extra.get("second") else None,
-            "drops": list(cd.pack_module("runtime.hoststore").DROPS),
+            "drops": list(cd.pack_module("runtime.host.hoststore").DROPS),
         }
         if tag == "stream_again":
             # ComfyUI unloads the model: the packed copy goes with it

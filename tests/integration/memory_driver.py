@@ -25,12 +25,12 @@ PROBES = {}            # tag -> what the probe saw at its model call
 
 
 def shares_module():
-    return cd.pack_module("runtime.comfy.shares")
+    return cd.pack_module("runtime.comfy.patchers.claims")
 
 
 def loaded_view():
     """ComfyUI's current_loaded_models, as its memory manager reads them."""
-    share_cls = shares_module().EngineShare
+    share_cls = shares_module().EngineClaim
     out = []
     for lm in mm.current_loaded_models:
         p = lm.model
@@ -85,7 +85,7 @@ class PlacementTestMemoryProbe:
                 rec = {"view": loaded_view(), "ledger": ledger_held(session),
                        "open": session.placed is not None, "session_id": id(session),
                        "runs": session.runs}
-                share_cls = shares_module().EngineShare
+                share_cls = shares_module().EngineClaim
                 if action == "free_memory":
                     devices = {lm.device for lm in mm.current_loaded_models
                                if isinstance(lm.model, share_cls)}
@@ -142,7 +142,7 @@ def session_record(tag):
     if session is None:
         return {"session": False}
     stats = session.last_stats or {}
-    shares = model.get_additional_models_with_key("placement_shares")
+    shares = model.get_additional_models_with_key("placement_claims")
     fit = ((session.plan.extra or {}).get("fit") or {}).get("components", {}).get("diffusion")
     return {"open": session.placed is not None, "runs": session.runs,
             "fit": None if not fit else {"decision": fit.get("decision"),
@@ -184,7 +184,7 @@ class CallProbe:
         self.component, self.action, self.rec = component, action, None
 
     def live_session(self):
-        share_cls = shares_module().EngineShare
+        share_cls = shares_module().EngineClaim
         for lm in mm.current_loaded_models:
             p = lm.model
             if isinstance(p, share_cls) and p.session.component == self.component \
@@ -198,7 +198,7 @@ class CallProbe:
         session = self.live_session()
         if session is None:
             return None
-        share_cls = shares_module().EngineShare
+        share_cls = shares_module().EngineClaim
         rec = {"view": loaded_view(), "ledger": ledger_held(session),
                "session_id": id(session), "calls": len(session.calls),
                "main_patcher_free": None}
@@ -244,7 +244,7 @@ async def call_scenario(executor, name, inventory, component, action="none", ref
     obj = kept.get("vae") or kept.get("clip")
     if obj is not None:
         session = obj.patcher.get_attachment("placement")
-        shares = obj.patcher.get_additional_models_with_key("placement_shares")
+        shares = obj.patcher.get_additional_models_with_key("placement_claims")
         rec["session"] = {
             "id": id(session), "open": session.placed is not None,
             "releases": list(session.releases),
@@ -371,7 +371,7 @@ async def main():
         RESULTS["te_placed_again"][label] = {
             "class": type(obj.patcher).__name__,
             "shares": [(s.device_name, id(s.session)) for s in
-                       obj.patcher.get_additional_models_with_key("placement_shares")],
+                       obj.patcher.get_additional_models_with_key("placement_claims")],
             "loaded_with": [type(m).__name__ for m in obj.patcher.model_patches_models()],
             "session": id(obj.patcher.get_attachment("placement")),
             "old_session": id(placed_clip.patcher.get_attachment("placement"))}

@@ -1,6 +1,6 @@
 """Runs inside ComfyUI's own Python: ComfyUI's own models with a block range on real worker
 subprocesses (`python -m comfyui_placement worker --comfyui DIR`), each building the model
-with ComfyUI's detection from its own copy of the file (runtime/comfy/remote_model.py).
+with ComfyUI's detection from its own copy of the file (runtime/comfy/worker/remote_model.py).
 
 Started by test_remote_comfy_models.py as `PYTHON remote_models_driver.py --comfyui DIR
 --pack DIR --work DIR`. It writes tiny random models of families.py (Flux.1 and Wan 2.1 as
@@ -51,10 +51,13 @@ from comfyui_placement.placement.devices import Inventory  # noqa: E402
 from comfyui_placement.placement.errors import PlacementError  # noqa: E402
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan  # noqa: E402
 from comfyui_placement.placement.remote_devices import with_remote  # noqa: E402
-from comfyui_placement.runtime.blocks import find_blocks  # noqa: E402
-from comfyui_placement.runtime.comfy.remote_model import (  # noqa: E402
-    build_diffusion, layer_blocks, remote_options)
-from comfyui_placement.runtime.comfy.sampling_session import diffusion_file  # noqa: E402
+from comfyui_placement.runtime.blocks.find import find_blocks  # noqa: E402
+from comfyui_placement.runtime.comfy.worker.remote_model import (
+    build_diffusion,
+    layer_blocks,
+    remote_options,
+)
+from comfyui_placement.runtime.comfy.files.model_file import diffusion_file  # noqa: E402
 from comfyui_placement.runtime.distributed import Cluster, remote_range  # noqa: E402
 from comfyui_placement.runtime.place import place  # noqa: E402
 

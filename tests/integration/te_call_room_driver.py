@@ -1,5 +1,5 @@
 """A text encoder's call whose rehearsed working memory does not fit its device, inside
-ComfyUI's Python (runtime/comfy/engine_calls.py's CallSession, which needs `comfy`).
+ComfyUI's Python (runtime/comfy/apply/engine_calls.py's CallSession, which needs `comfy`).
 
 The call is rehearsed on the meta device before it is placed; a one-device plan that
 holds every weight (resident, no stream) is then checked against the device's room,
@@ -51,7 +51,7 @@ async def main():
     await cd.start_comfy(cd.ARGS.pack, cd.ARGS.work)
     placement = cd.pack_module("placement")
     plans = cd.pack_module("placement.plan")
-    CallSession = cd.pack_module("runtime.comfy.engine_calls").CallSession
+    CallSession = cd.pack_module("runtime.comfy.apply.engine_calls").CallSession
     inv = placement.Inventory.simulated(SIMULATE)
     dev = inv.get("cuda0")
     plan = plans.Plan([plans.DevicePlan("cuda0", "gpu", dev.total_bytes, dev.free_bytes,

@@ -51,7 +51,7 @@ def test_cfg_batch_split_over_two_devices_equals_one_device(results, tag, ref, i
     assert run["threads"] == {"cuda0": 1, "cuda1": 1}             # a thread per device
     assert run["modes"] == {"cuda0": mode, "cuda1": mode}
     assert all(b > 0 for b in run["h2d"].values())
-    assert len(s["share_bytes"]) == 2 and s["share_bytes"][0] == s["share_bytes"][1] > 0
+    assert len(s["claim_bytes"]) == 2 and s["claim_bytes"][0] == s["claim_bytes"][1] > 0
 
 
 def test_streamed_devices_read_one_packed_host_copy(results):

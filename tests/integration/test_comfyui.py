@@ -162,6 +162,14 @@ def test_bad_spec_is_a_node_error_at_validation(results):
         assert_one_error_on_backend(rec)
 
 
+def test_a_spec_is_planned_once_per_prompt(results):
+    """Backend Assignment's spec: planned when the prompt is validated, and that plan is
+    the one execute shows and passes on (issue 32), not planned again."""
+    rec = results["planned_once"]
+    assert rec["valid"] and rec["success"], rec
+    assert rec["spec_plans"] == 1, rec
+
+
 def test_missing_device_falls_back_with_a_warning(results):
     rec = results["missing_fallback"]
     assert rec["valid"] and rec["success"], rec

@@ -53,13 +53,13 @@ def test_text_encoder_streamed_and_split_equal_plain(results, name):
 
 # encoders whose forward reads token values (.item(): an LLM's image-token positions) are
 # rehearsed since the rehearsal keeps a call's small integer inputs on the host
-# (runtime/rehearse.py input_like): none is left out
+# (runtime/measure/rehearse.py input_like): none is left out
 UNREHEARSABLE = {}
 
 
 def rehearsed_as_metered(facts, methods, split=False, unrehearsable=None):
     """Each engine call's working memory was rehearsed on the meta device at its real
-    inputs (runtime/comfy/engine_calls.py) and is what the simulated device metered for
+    inputs (runtime/comfy/apply/engine_calls.py) and is what the simulated device metered for
     that call (issue 29 item 2: within 10%; on these models, to the byte), and the
     call's plan holds it: planned bytes are the ledger's peak. A layer split's devices:
     the metered peak within what was rehearsed and reserved there."""
@@ -96,7 +96,7 @@ def test_text_encoder_calls_use_their_rehearsed_working_memory(results, name):
 
 
 # VAEs whose tiled decode calls cannot be rehearsed on meta (none since the rehearsal
-# keeps Python-made values on the host: LTXV's tile calls were, runtime/rehearse.py)
+# keeps Python-made values on the host: LTXV's tile calls were, runtime/measure/rehearse.py)
 TILES_UNREHEARSABLE = {}
 
 

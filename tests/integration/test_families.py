@@ -104,7 +104,7 @@ def test_unet_families_really_split_and_stream(results):
 
 # a family whose forward cannot run on the meta device keeps the metadata's estimate,
 # which must then be above what ran: none now (Hunyuan3D 2.1 routes tokens to experts by
-# bincount counts, which the rehearsal answers on meta since runtime/rehearse.py's
+# bincount counts, which the rehearsal answers on meta since runtime/measure/rehearse.py's
 # _bincount_on_meta, at every size)
 UNREHEARSABLE = {}
 # the ways whose plans carry their own byte model today; a row split's planned bytes
@@ -149,7 +149,7 @@ def check_plan_matches_run(key, way, facts):
 def test_plans_match_what_ran(results, key):
     """Every device's measured peak is within 10% (or 1 MiB) of the plan that ran: its
     weights and ring, and the working memory its first model call rehearsed on the meta
-    device at the run's real shapes (runtime/comfy/rehearse_call.py); the simulated
+    device at the run's real shapes (runtime/comfy/replan/rehearse_call.py); the simulated
     devices have no kernel workspace (@workspace=0), so none is planned."""
     for way in MATCHED:
         if way in ways_of(key):
@@ -349,7 +349,7 @@ HEAVY = ["lumina2"]
 # in their own code, and Stable Cascade runs its down/upscalers and repeat mappers
 # (non-block modules on the main device) between levels on activations from the other
 # device: a GPU refuses both, and the layer split brings them across
-# (runtime/crossings.py), counted in its hops and hop_bytes.
+# (runtime/blocks/crossings.py), counted in its hops and hop_bytes.
 CROSSES = {"cascade_b": "non_block_modules", "cascade_c": "non_block_modules",
            "lumina2": "joins", "zimage": "joins"}
 

@@ -104,7 +104,7 @@ def test_free_memory_mid_run_releases_the_engine_and_the_image_is_unchanged(resu
     ran(r)
     probe = r["probe"]
     assert probe["open"] and sum(probe["ledger"].values()) > 0
-    assert probe["unloaded"] == ["EngineShare", "EngineShare"]   # only the shares
+    assert probe["unloaded"] == ["EngineClaim", "EngineClaim"]   # only the shares
     after = probe["after"]
     assert not after["open"] and after["ledger"] == {}
     assert after["releases"], after
@@ -228,7 +228,7 @@ def test_free_memory_during_an_encode_releases_the_te_and_the_image_is_unchanged
     ran(r)
     probe, shares = call_shares(r)
     assert sorted(shares) == ["cuda0", "cuda1"] and sum(probe["ledger"].values()) > 0
-    assert probe["unloaded"] == ["EngineShare", "EngineShare"]   # only the te shares
+    assert probe["unloaded"] == ["EngineClaim", "EngineClaim"]   # only the te shares
     after = probe["after"]
     assert not after["open"] and after["ledger"] == {} and after["releases"], after
     assert mine(after["view"], probe["session_id"]) == {}
@@ -301,4 +301,4 @@ def test_placing_a_placed_clip_again_keeps_only_the_new_plans_shares(results):
     # the engine again: one share, of the new session, loaded with the patcher
     assert engine["session"] != engine["old_session"]
     assert engine["shares"] == [["cuda1", engine["session"]]]
-    assert engine["loaded_with"] == ["EngineShare"]
+    assert engine["loaded_with"] == ["EngineClaim"]

@@ -1,10 +1,10 @@
 """ComfyUI's UNet under a layer split needs its skips brought over: its forward keeps each
 input block's output in its own list and concatenates it with an output block's input
-outside every block. The pack's skip patch (runtime/comfy/skips.py) does it, and so would
-the split's general crossing of joins (runtime/crossings.py, which brings a cat's tensors
+outside every block. The pack's skip patch (runtime/comfy/sampling/skips.py) does it, and so would
+the split's general crossing of joins (runtime/blocks/crossings.py, which brings a cat's tensors
 to its first one's device). Without both a GPU refuses that cat (the skip is on one
 device, the output block's input on the other), and so must the simulated device
-(runtime/simcheck.py checks every operand); with them, test_families.py's layer way runs
+(runtime/device/simcheck.py checks every operand); with them, test_families.py's layer way runs
 and equals the plain run. One family, its default depth: seconds."""
 import re
 import sys

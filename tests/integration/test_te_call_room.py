@@ -1,6 +1,6 @@
 """A text encoder's call that its device cannot hold beside its weights, by the working
 memory rehearsed at the call's inputs, is refused in one line before any weight moves,
-never an out-of-memory in the middle of the call (runtime/comfy/engine_calls.py); a call
+never an out-of-memory in the middle of the call (runtime/comfy/apply/engine_calls.py); a call
 that fits runs. Driver: te_call_room_driver.py."""
 import sys
 from pathlib import Path

@@ -44,7 +44,7 @@ async def main():
     cd.build_models(cd.ARGS.work)
     await cd.start_comfy(cd.ARGS.pack, cd.ARGS.work)
     placement = cd.pack_module("placement")
-    place_objects = cd.pack_module("runtime.comfy.apply_plan").place_objects
+    place_objects = cd.pack_module("runtime.comfy.apply.apply_plan").place_objects
     vae = nodes.VAELoader().load_vae("tiny_taesd.safetensors")[0]
     path = folder_paths.get_full_path("vae", "tiny_taesd.safetensors")
     inv = placement.Inventory.simulated(SIMULATE)
@@ -71,7 +71,7 @@ async def main():
     RESULTS["full_std"] = float(full.float().std())
     RESULTS["loader_decode_is_class_method"] = "decode" not in vars(vae)
     # each tile's decode call, rehearsed on meta at its shapes and metered on the
-    # simulated device (runtime/comfy/engine_calls.py)
+    # simulated device (runtime/comfy/apply/engine_calls.py)
     session = placed["vae"].patcher.get_attachment("placement")
     RESULTS["calls"] = [{
         "method": c["method"], "outcome": c["outcome"], "unrehearsed": c.get("unrehearsed"),

@@ -7,6 +7,7 @@ import pytest
 
 from comfyui_placement.placement import Inventory, PlacementError
 from comfyui_placement.placement import machine_figures as mf
+from comfyui_placement.placement import units
 from comfyui_placement.placement.components import COMPONENTS
 from comfyui_placement.placement.devices import Device
 from comfyui_placement.placement.fit import FitOptions, fit
@@ -62,35 +63,35 @@ def record(flops=165e12, pinned=50e9, disk=3e9, peer=None):
                                         ("165 TFLOP/s", 165e12), ("900G", 900e9),
                                         ("1.6e14", 1.6e14), ("2.5tflops", 2.5e12)])
 def test_throughput_units(text, value):
-    assert mf.parse_throughput(text) == pytest.approx(value)
+    assert units.parse_throughput(text) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("text,value", [("25GB/s", 25e9), ("3.5GiB/s", 3.5 * GiB),
                                         ("800MB/s", 800e6), ("1 TB/s", 1e12),
                                         ("512MiB/s", 512 << 20)])
 def test_bandwidth_units(text, value):
-    assert mf.parse_bandwidth(text) == pytest.approx(value)
+    assert units.parse_bandwidth(text) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("bad", ["", "fast", "-3T", "0T", "25GB/s", "3X", "nanT", "infT"])
 def test_bad_throughput_is_one_line(bad):
     with pytest.raises(PlacementError, match="expected FLOP/s") as e:
-        mf.parse_throughput(bad)
+        units.parse_throughput(bad)
     assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("bad", ["25GB", "25", "GB/s", "-1GB/s", "3XB/s", "0MB/s"])
 def test_bad_bandwidth_is_one_line(bad):
     with pytest.raises(PlacementError, match="expected bytes per second"):
-        mf.parse_bandwidth(bad)
+        units.parse_bandwidth(bad)
 
 
 def test_figure_lists_by_device_or_kind():
-    assert mf.parse_figure_list("cuda:0=165T, gpu=80T", mf.parse_throughput, "--throughput") \
+    assert units.parse_figure_list("cuda:0=165T, gpu=80T", units.parse_throughput, "--throughput") \
         == {"cuda0": 165e12, "gpu": 80e12}
-    assert mf.parse_figure_list("25GB/s", mf.parse_bandwidth, "--bandwidth") == {"gpu": 25e9}
+    assert units.parse_figure_list("25GB/s", units.parse_bandwidth, "--bandwidth") == {"gpu": 25e9}
     with pytest.raises(PlacementError, match="empty entry"):
-        mf.parse_figure_list("cuda0=1T,", mf.parse_throughput, "--throughput")
+        units.parse_figure_list("cuda0=1T,", units.parse_throughput, "--throughput")
 
 
 # -- simulate entries --------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def test_a_split_vae_is_never_proposed_inside_comfyui():
     (dict(backend="controlnet=cuda0"), "comfyui", "a simulated device"),
     (dict(backend="controlnet=cuda0", auto_fit=True), "comfyui", "a simulated device"),
     (dict(backend="*=cpu", params_backend="upscaler=disk"), "comfyui", "params disk"),
-    # an Impact Pack detector is moved whole for each call (runtime/detector.py)
+    # an Impact Pack detector is moved whole for each call (runtime/engine/detector.py)
     (dict(backend="*=cpu", params_backend="yolo=disk"), "comfyui", "params disk"),
     (dict(backend="*=cpu,detector=cuda0&cuda1"), "comfyui", "a layer split"),
     (dict(backend="diffusion=cuda0&cuda1", split_mode="row", params_backend="*=disk"),

@@ -301,7 +301,7 @@ def test_a_header_only_file_keeps_the_header_checks(tmp_path):
 
 def test_a_header_only_file_cannot_be_run(tmp_path):
     pytest.importorskip("torch")
-    from comfyui_placement.runtime.weightfile import open_weight_file
+    from comfyui_placement.runtime.weights.weightfile import open_weight_file
     path = catalog.write_header("clip-l", tmp_path / "clip_l.safetensors")
     with pytest.raises(PlacementError, match="holds only a safetensors header"):
         open_weight_file(path)

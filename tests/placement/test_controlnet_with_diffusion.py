@@ -1,6 +1,6 @@
 """A ControlNet and its diffusion model inside ComfyUI
 (placement/controlnet_with_diffusion.py): ComfyUI adds its residuals inside the
-diffusion model's forward. Apart, they hop (runtime/comfy/control_hops.py): an explicit
+diffusion model's forward. Apart, they hop (runtime/comfy/sampling/control_hops.py): an explicit
 plan reserves them in the diffusion model's working memory on its main device, and is
 refused in one line where that does not fit; auto-fit prefers them together."""
 import pytest

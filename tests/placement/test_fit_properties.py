@@ -153,7 +153,7 @@ def recount(plan, infos):
 
 def ring(sizes, depth):
     """The stream ring's bytes: the most that min(depth, m - 1) + 1 cyclically
-    consecutive streamed blocks take (runtime/stream.py's byte ring)."""
+    consecutive streamed blocks take (runtime/engine/stream.py's byte ring)."""
     m = len(sizes)
     if not m:
         return 0

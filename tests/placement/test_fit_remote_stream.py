@@ -1,6 +1,6 @@
 """A model bigger than any one machine: auto-fit lets the local GPU stream its range while
 a worker's GPU holds the last blocks for the session (kinds/worker_ranges.py remote_tail_spans,
-WorkerRanges), chosen only when its network crossings price faster than
+WorkerRangesKind), chosen only when its network crossings price faster than
 streaming alone. Flux.1-dev fp16 (22.17 GiB, 57 blocks) at 1024x1024 with CFG."""
 import pytest
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from comfyui_placement.placement.errors import PlacementError
 from comfyui_placement.placement.metadata.gguf_file import read_gguf
 from comfyui_placement.placement.metadata.safetensors_header import read_safetensors
-from comfyui_placement.runtime.weightfile import open_weight_file
+from comfyui_placement.runtime.weights.weightfile import open_weight_file
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from comfyui_placement.placement import Inventory, PlacementError
 from comfyui_placement.placement.fit import FitOptions, fit
-from comfyui_placement.placement.layout import choose_depth, compute_shares, ring_schedule
+from comfyui_placement.placement.layout import choose_depth, compute_fractions, ring_schedule
 from comfyui_placement.placement.metadata.info import BlockInfo, ComponentInfo
 
 from test_fit_properties import request
@@ -57,9 +57,9 @@ def test_flux_blocks_share_compute_equally_other_models_by_bytes():
     flux = ComponentInfo("diffusion", 34, (BlockInfo("double_blocks.0", 24, "double_blocks", 0),
                                            BlockInfo("single_blocks.0", 10, "single_blocks", 0)),
                          arch="flux")
-    assert compute_shares(flux) == [0.5, 0.5]
+    assert compute_fractions(flux) == [0.5, 0.5]
     other = ComponentInfo("diffusion", 34, flux.blocks, arch="unknown")
-    assert compute_shares(other) == pytest.approx([24 / 34, 10 / 34])
+    assert compute_fractions(other) == pytest.approx([24 / 34, 10 / 34])
 
 
 def _flux_like(doubles=8, singles=16):

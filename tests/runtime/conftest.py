@@ -7,7 +7,7 @@ from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, St
 
 
 # room for what a tiny test model computes on a device per forward (metered by the
-# simulated device, runtime/workmeter.py: at most 52 KiB for these models)
+# simulated device, runtime/device/workmeter.py: at most 52 KiB for these models)
 WORK = 96 << 10
 
 

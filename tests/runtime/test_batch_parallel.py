@@ -312,7 +312,7 @@ def test_runtime_lora_and_release_reach_every_device(tiny, sim_inventory):
     """set_lora patches each device's copy (outputs equal the fused model's); release
     gives every device's memory back and the next forward loads and patches again."""
     import copy as _copy
-    from comfyui_placement.runtime.lora import apply_in_place
+    from comfyui_placement.runtime.engine.lora import apply_in_place
     model, inp = tiny("sd3")
     inp = batched(inp, 2)
     g = torch.Generator().manual_seed(7)

@@ -127,7 +127,7 @@ def test_a_deeper_group_holding_most_of_the_weights_wins_over_a_tiny_shallow_one
     (`tracker.obj_ptr_proj.layers`); its ViT trunk's blocks, one level deeper, hold
     nearly all the weights and are what streams."""
     from torch import nn
-    from comfyui_placement.runtime.blocks import find_blocks
+    from comfyui_placement.runtime.blocks.find import find_blocks
 
     class Mlp(nn.Module):
         def __init__(self):

@@ -10,7 +10,7 @@ from comfyui_placement.placement.fit.kinds.layer_split import layer_ranges
 from comfyui_placement.placement.metadata.info import BlockInfo, ComponentInfo
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan
 from comfyui_placement.runtime import place
-from comfyui_placement.runtime.ledger import Ledger
+from comfyui_placement.runtime.device.ledger import Ledger
 from comfyui_placement.runtime.split import place_split
 
 SIZES = [700, 300, 500, 900, 400, 600]
@@ -112,7 +112,7 @@ def test_placement_at_its_peak_passes_one_byte_less_fails(stream, tiny, plan_for
 
 @pytest.mark.xfail(strict=True, reason=(
     "open: since the rehearsal keeps a call's few scalar inputs (the timesteps) on the host "
-    "(runtime/rehearse.py input_like), its first-call figure for cuda0 of this tiny Flux "
+    "(runtime/measure/rehearse.py input_like), its first-call figure for cuda0 of this tiny Flux "
     "split is 2.5 KiB more than the run's metered peak, so a budget of exactly that peak is "
     "refused in one line (conservative: the budget is kept). strict: it fails once fixed"))
 def test_layer_split_at_its_peaks_passes_one_byte_less_fails(tiny, sim_inventory):

@@ -44,7 +44,7 @@ def _delayed_gate(device, cycles=200_000_000):
 def test_cuda_copy_is_read_only_after_wait():
     """Fails if CudaTransfer.wait does not order compute after the copy: a consumer that
     waits reads the new bytes, one that does not reads the stale ones."""
-    from comfyui_placement.runtime.transfer import CudaTransfer
+    from comfyui_placement.runtime.device.transfer import CudaTransfer
     device = torch.device("cuda:0")
     tr = CudaTransfer("cuda:0")
     try:
@@ -65,7 +65,7 @@ def test_cuda_copy_is_read_only_after_wait():
 def test_cuda_host_copies_need_no_thread():
     """Copies from host memory are issued by the caller: no worker thread starts."""
     import threading
-    from comfyui_placement.runtime.transfer import CudaTransfer
+    from comfyui_placement.runtime.device.transfer import CudaTransfer
     before = {t.name for t in threading.enumerate()}
     tr = CudaTransfer("cuda:0")
     try:
@@ -81,7 +81,7 @@ def test_cuda_host_copies_need_no_thread():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_exact_pinned_buffers_are_page_locked_copy_right_and_are_given_back():
     import gc
-    from comfyui_placement.runtime.pinned import PinnedAccount
+    from comfyui_placement.runtime.host.pinned import PinnedAccount
     acc = PinnedAccount(1 << 30)                  # the real cudaHostRegister
     sizes = [(3 << 20) + 7, (1 << 20) + 1]
     bufs = [acc.alloc(n) for n in sizes]
@@ -112,7 +112,7 @@ def test_each_block_computes_with_its_own_device_current():
     from test_unit_entry import LoopUNet, build
     from comfyui_placement.runtime.split import place_split
 
-    from comfyui_placement.runtime.blocks import find_blocks
+    from comfyui_placement.runtime.blocks.find import find_blocks
     model, inp = build(LoopUNet)
     seen = []
     torch.cuda.set_device(0)

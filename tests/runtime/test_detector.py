@@ -1,4 +1,4 @@
-"""A detector placed for its calls (runtime/detector.py), on stand-ins of the Impact
+"""A detector placed for its calls (runtime/engine/detector.py), on stand-ins of the Impact
 Pack's shape: a BBOX/SEGM detector object whose `bbox_model` is a torch module called as
 ultralytics' YOLO is, `bbox_model(image, conf=..., device="")`."""
 from types import SimpleNamespace
@@ -7,8 +7,12 @@ import pytest
 import torch
 
 from comfyui_placement.placement import PlacementError
-from comfyui_placement.runtime.detector import (Detectors, PlacedModel, detector_module,
-                                                place_detector)
+from comfyui_placement.runtime.engine.detector import (
+    Detectors,
+    PlacedModel,
+    detector_module,
+    place_detector,
+)
 
 CPU = torch.device("cpu")
 FAKE_GPU = torch.device("cuda:1")      # a device name only: the stand-in records moves

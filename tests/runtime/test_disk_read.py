@@ -14,15 +14,16 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from comfyui_placement.placement.errors import PlacementError
-from comfyui_placement.runtime import place, readpool
-from comfyui_placement.runtime.diskfill import read_staged, staged
-from comfyui_placement.runtime.weightfile import open_weight_file
+from comfyui_placement.runtime import place
+from comfyui_placement.runtime.weights import readpool
+from comfyui_placement.runtime.weights.diskfill import read_staged, staged
+from comfyui_placement.runtime.weights.weightfile import open_weight_file
 
 FILE_BYTES = 96 * 1024
 
 
 def reader_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("copy-disk-")]
+    return [t for t in threading.enumerate() if t.name.startswith("copy-disk-") and t.is_alive()]
 
 
 def open_fds():
@@ -390,7 +391,7 @@ def test_a_file_truncated_while_streaming_in_pieces_leaves_no_reader(tiny, plan_
     """Streaming through the engine with blocks cut into many pieces (the tiny model's
     blocks are smaller than the default piece): a truncation mid-run gives one error
     naming it, and the placement's reader threads and descriptor are gone after."""
-    from comfyui_placement.runtime.weightfile import WeightFile
+    from comfyui_placement.runtime.weights.weightfile import WeightFile
     monkeypatch.setattr(readpool, "CHUNK", 1024)
     model, inp = tiny("flux")
     with torch.no_grad():

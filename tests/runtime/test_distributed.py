@@ -15,7 +15,7 @@ from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.errors import PlacementError
 from comfyui_placement.placement.remote_devices import (parse_workers, split_name,
                                                          with_remote)
-from comfyui_placement.runtime.blocks import find_blocks
+from comfyui_placement.runtime.blocks.find import find_blocks
 
 SECRET_ENV = "CP_TEST_DISTRIBUTED_SECRET"
 
@@ -528,7 +528,7 @@ def test_calibrate_measures_the_link_to_a_worker(tmp_path, workers, monkeypatch,
     a later run without --workers keeps them."""
     from comfyui_placement import cli
     from comfyui_placement.placement import machine_figures as mf
-    from comfyui_placement.runtime import calibrate as cal
+    from comfyui_placement.runtime.machine import calibrate as cal
     from comfyui_placement.runtime.distributed import probe
     monkeypatch.setenv(mf.ENV_DIR, str(tmp_path / "cache"))
     monkeypatch.setitem(cal.QUICK_SIZES, "cpu", 64)

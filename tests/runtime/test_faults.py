@@ -12,10 +12,10 @@ from safetensors.torch import save_file
 
 from comfyui_placement.placement.errors import PlacementError
 from comfyui_placement.runtime import place
-from comfyui_placement.runtime.ledger import Ledger, out_of_memory
-from comfyui_placement.runtime.weightfile import open_weight_file
-from comfyui_placement.runtime.simdevice import Link, SimTransfer
-from comfyui_placement.runtime.transfer import CopyWorker, Ticket
+from comfyui_placement.runtime.device.ledger import Ledger, out_of_memory
+from comfyui_placement.runtime.weights.weightfile import open_weight_file
+from comfyui_placement.runtime.device.simdevice import Link, SimTransfer
+from comfyui_placement.runtime.device.transfer import CopyWorker, Ticket
 
 STEPS = 2
 
@@ -41,7 +41,7 @@ def assert_restored(model, snap):
 
 
 def copy_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("copy-")]
+    return [t for t in threading.enumerate() if t.name.startswith("copy-") and t.is_alive()]
 
 
 def open_fds():
@@ -201,7 +201,7 @@ def test_interrupt_from_a_hook_at_every_block_and_step(kind, tiny, plan_for, sim
 @pytest.mark.parametrize("how", ["truncated", "changed"])
 def test_weights_file_truncated_or_changed_while_streaming(how, tiny, plan_for, sim_inventory,
                                                           tmp_path, monkeypatch):
-    from comfyui_placement.runtime.weightfile import WeightFile
+    from comfyui_placement.runtime.weights.weightfile import WeightFile
     model, inp = tiny("flux")
     with torch.no_grad():
         ref = model(**inp)[0]

@@ -19,8 +19,8 @@ from torch import nn
 
 from comfyui_placement.runtime import place
 from comfyui_placement.runtime.gguf import dequantize
-from comfyui_placement.runtime.simcheck import DeviceMismatch, ForwardCheck
-from comfyui_placement.runtime.subclass_check import build_subclass
+from comfyui_placement.runtime.device.simcheck import DeviceMismatch, ForwardCheck
+from comfyui_placement.runtime.device.subclass_check import build_subclass
 
 gguf = pytest.importorskip("gguf")
 WIDTH, BLOCKS = 64, 4

@@ -116,7 +116,7 @@ def test_a_gguf_block_that_never_arrives_raises_device_mismatch(quantized):
     """A block run with no hook on it or inside it (its own code called directly) is never
     brought to the device: its quantized weight is read where it rests, which a GPU
     refuses."""
-    from comfyui_placement.runtime.simcheck import DeviceMismatch
+    from comfyui_placement.runtime.device.simcheck import DeviceMismatch
     from test_gguf_checks import never_arrives
     qtype, skeleton, inp, path, _ = quantized
     model = load_gguf(path, skeleton)

@@ -5,7 +5,7 @@ import copy
 import torch
 
 from comfyui_placement.runtime import place
-from comfyui_placement.runtime.lora import apply_in_place
+from comfyui_placement.runtime.engine.lora import apply_in_place
 
 NAMES = ["x_embedder.weight",                                    # non-block (resident)
          "transformer_blocks.0.attn.to_q.weight",                # resident block (K=1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
-from comfyui_placement.runtime.blocks import find_blocks
+from comfyui_placement.runtime.blocks.find import find_blocks
 from comfyui_placement.runtime.place import place
 
 

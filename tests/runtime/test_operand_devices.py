@@ -4,7 +4,7 @@ all tensors to be on the same device"), weights or activations; 0-dim scalars mi
 Before, every simulated tensor was host memory and such an operation computed anyway.
 
 The layer split brings the operands of a join (torch.cat) and of an elementwise add,
-subtract or multiply in the module's own code to one device (runtime/crossings.py): the
+subtract or multiply in the module's own code to one device (runtime/blocks/crossings.py): the
 models here mix their tensors with other operations (a blend, a maximum), which it
 leaves to the caller, so a GPU would refuse them."""
 import pytest
@@ -14,7 +14,7 @@ from torch import nn
 from comfyui_placement import PlacementSpec, place, plan
 from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan
-from comfyui_placement.runtime.simcheck import DeviceMismatch
+from comfyui_placement.runtime.device.simcheck import DeviceMismatch
 
 WIDTH = 32
 
@@ -32,7 +32,7 @@ class UNetLike(nn.Module):
     """A UNet's shape: each down stage's output kept in the parent's own list and blended
     into an up stage's input in the parent's code (outside every block). `bring(skip,
     like)` is where a caller may bring the skip to `like`'s device (ComfyUI's UNet has
-    output_block_patch for that; runtime/comfy/skips.py)."""
+    output_block_patch for that; runtime/comfy/sampling/skips.py)."""
 
     def __init__(self, n=3):
         super().__init__()

@@ -1,5 +1,5 @@
-"""A placement of a structural copy (runtime/shadow.py) with a host store
-(runtime/hoststore.py): the caller's module keeps its tensors, hooks and inference
+"""A placement of a structural copy (runtime/engine/shadow.py) with a host store
+(runtime/host/hoststore.py): the caller's module keeps its tensors, hooks and inference
 flags; streamed blocks are packed into host memory once and reused by the next
 placement; the store follows the placement (issue 8, items 3 and 4)."""
 import torch
@@ -8,10 +8,15 @@ from conftest import WORK
 
 from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
-from comfyui_placement.runtime.blocks import find_blocks
-from comfyui_placement.runtime.hoststore import HostStore, drop_store, existing_store, store_for
+from comfyui_placement.runtime.blocks.find import find_blocks
+from comfyui_placement.runtime.host.hoststore import (
+    HostStore,
+    drop_store,
+    existing_store,
+    store_for,
+)
 from comfyui_placement.runtime.place import place
-from comfyui_placement.runtime.shadow import Shadow
+from comfyui_placement.runtime.engine.shadow import Shadow
 
 
 def inference_model(tiny):

@@ -1,5 +1,5 @@
 """A weight patch that fails inside ComfyUI's weight adapters stops a placed run instead of
-leaving the LoRA silently out (runtime/comfy/patch_errors.py), with a stand-in adapter
+leaving the LoRA silently out (runtime/comfy/patchers/patch_errors.py), with a stand-in adapter
 module at comfy/weight_adapter/ (no ComfyUI needed)."""
 import importlib
 import importlib.util
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-NAME = "comfyui_placement.runtime.comfy.patch_errors"
+NAME = "comfyui_placement.runtime.comfy.patchers.patch_errors"
 ADAPTER = '''
 import logging
 
@@ -33,7 +33,7 @@ def patch_errors():
             raise
     import comfyui_placement.runtime as rt
     spec = importlib.util.spec_from_file_location(
-        NAME, Path(rt.__file__).parent / "comfy" / "patch_errors.py")
+        NAME, Path(rt.__file__).parent / "comfy" / "patchers" / "patch_errors.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -1,4 +1,4 @@
-"""A rehearsal leaves the patches' state as it found it (runtime/comfy/patch_state.py):
+"""A rehearsal leaves the patches' state as it found it (runtime/comfy/patchers/patch_state.py):
 a patch that caches at its first call (Flux's KV cache) must cache the real first call's
 tensors, never the meta rehearsal's."""
 import importlib.util
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 # the module alone: the package runtime/comfy imports ComfyUI, which the unit tests lack
-_PATH = Path(__file__).resolve().parents[2] / "runtime" / "comfy" / "patch_state.py"
+_PATH = Path(__file__).resolve().parents[2] / "runtime" / "comfy" / "patchers" / "patch_state.py"
 _SPEC = importlib.util.spec_from_file_location("placement_patch_state", _PATH)
 patch_state = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(patch_state)

@@ -1,4 +1,4 @@
-"""Pinned host memory exact and bounded (runtime/pinned.py), through the accounting on
+"""Pinned host memory exact and bounded (runtime/host/pinned.py), through the accounting on
 CPU: a no-op register stands in for cudaHostRegister, everything else is the real path."""
 import gc
 
@@ -7,9 +7,9 @@ import torch
 
 from comfyui_placement.runtime import place
 import importlib
-engine_module = importlib.import_module("comfyui_placement.runtime.engine")
-from comfyui_placement.runtime.pinned import PinnedAccount, default_cap
-from comfyui_placement.runtime.residency import PinnedPool
+engine_module = importlib.import_module("comfyui_placement.runtime.engine.core")
+from comfyui_placement.runtime.host.pinned import PinnedAccount, default_cap
+from comfyui_placement.runtime.host.residency import PinnedPool
 
 
 def fake_account(cap):

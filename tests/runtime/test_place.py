@@ -287,7 +287,7 @@ def test_cpu_runtime_runs_in_place_or_streams_from_disk(tiny, run_model, plan_fo
 
 
 def test_pinned_pool_falls_back_to_pageable_with_a_warning():
-    from comfyui_placement.runtime.residency import PinnedPool
+    from comfyui_placement.runtime.host.residency import PinnedPool
     pool = PinnedPool(enabled=True, cap_bytes=0)
     with pytest.warns(RuntimeWarning, match="pageable"):
         buf = pool.alloc(64)

@@ -1,4 +1,4 @@
-"""Working memory by rehearsal on the meta device (runtime/rehearse.py): the same figure
+"""Working memory by rehearsal on the meta device (runtime/measure/rehearse.py): the same figure
 the simulated device meters on a real run, from shapes alone."""
 import pytest
 import torch
@@ -7,7 +7,7 @@ from torch import nn
 
 from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.runtime import place
-from comfyui_placement.runtime.rehearse import rehearse
+from comfyui_placement.runtime.measure.rehearse import rehearse
 
 
 @pytest.mark.parametrize("arch", ["flux", "flux256", "sd3", "unet", "wan"])
@@ -65,7 +65,7 @@ def test_routing_by_value_is_rehearsed_as_its_largest_slice():
     """A mixture of experts routes rows by counts (bincount) and masks (x[idx == i]),
     values meta has not: the rehearsal answers with the largest slice they can take
     (all rows to one expert), an upper bound, instead of refusing."""
-    from comfyui_placement.runtime.rehearse import rehearse
+    from comfyui_placement.runtime.measure.rehearse import rehearse
 
     class Routed(torch.nn.Module):
         def forward(self, x):

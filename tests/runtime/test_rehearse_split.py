@@ -1,7 +1,7 @@
 """A layer split's working memory per device, rehearsed on the meta device
 (runtime/rehearse.rehearse_split), against what the simulated devices meter on a real
 split run: equal, device by device. The model loops over its blocks' layers itself, as
-ComfyUI's UNet does, so the blocks are entered through their layers (runtime/units.py)
+ComfyUI's UNet does, so the blocks are entered through their layers (runtime/blocks/entry.py)
 and tensors made inside a block between two layers stay on the block's device: before
 the mover asked the meter where such a tensor was computed, the simulated split copied
 each of them to the block's own device again and held the copies for the whole
@@ -13,8 +13,8 @@ from torch import nn
 from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan
 from comfyui_placement.runtime import place
-from comfyui_placement.runtime.blocks import find_blocks
-from comfyui_placement.runtime.rehearse import rehearse, rehearse_split
+from comfyui_placement.runtime.blocks.find import find_blocks
+from comfyui_placement.runtime.measure.rehearse import rehearse, rehearse_split
 
 WIDTH, TOKENS, BLOCKS = 64, 48, 6
 

@@ -98,7 +98,7 @@ def test_comfyuis_builder_without_comfyui_names_the_flag():
         pass
     with pytest.raises(PlacementError, match=r"needs ComfyUI on this worker; start it with "
                                              r"--comfyui PATH"):
-        builder.build_on_meta({"target": "comfyui_placement.runtime.comfy.remote_model:"
+        builder.build_on_meta({"target": "comfyui_placement.runtime.comfy.worker.remote_model:"
                                          "build_diffusion", "kwargs": {}},
                               builder.DEFAULT_ALLOWED)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from comfyui_placement.runtime.restore import put_back
+from comfyui_placement.runtime.engine.restore import put_back
 
 
 def test_identity_and_exact_storage_come_back():

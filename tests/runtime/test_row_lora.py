@@ -1,4 +1,4 @@
-"""ComfyUI's LoRA patch lists -> row split lora= entries (runtime/comfy/row_lora.py), with
+"""ComfyUI's LoRA patch lists -> row split lora= entries (runtime/comfy/patchers/row_lora.py), with
 stand-ins for ComfyUI's LowVramPatch and weight adapters (no ComfyUI needed).
 
 The row split with the converted LoRA must equal the layer with ComfyUI's fused
@@ -21,7 +21,7 @@ from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan
 from comfyui_placement.runtime.place import place
 
 TOL = 1e-5
-NAME = "comfyui_placement.runtime.comfy.row_lora"
+NAME = "comfyui_placement.runtime.comfy.patchers.row_lora"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def row_lora():
         if not (exc.name or "").startswith("comfy"):
             raise
     import comfyui_placement.runtime as rt
-    path = Path(rt.__file__).parent / "comfy" / "row_lora.py"
+    path = Path(rt.__file__).parent / "comfy" / "patchers" / "row_lora.py"
     spec = importlib.util.spec_from_file_location(NAME, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,5 +1,5 @@
 """Nothing falls back in silence: every runtime fallback is a structured record in
-`stats()["fallbacks"]` (runtime/fallbacks.py), said once per placement, and the stats
+`stats()["fallbacks"]` (runtime/engine/fallbacks.py), said once per placement, and the stats
 count what moved, never what the plan said."""
 import json
 import warnings

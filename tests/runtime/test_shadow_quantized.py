@@ -8,7 +8,7 @@ from torch import nn
 from torch.testing._internal.two_tensor import TwoTensor
 
 from comfyui_placement.placement.errors import PlacementError
-from comfyui_placement.runtime.shadow import Shadow
+from comfyui_placement.runtime.engine.shadow import Shadow
 
 
 def test_a_wrapper_subclass_weight_is_refused_in_one_line():

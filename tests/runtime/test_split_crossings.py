@@ -1,5 +1,5 @@
 """What a layer split must bring across a range boundary, found by ComfyUI's families
-under the simulated device's operand check (runtime/simcheck.py):
+under the simulated device's operand check (runtime/device/simcheck.py):
 - Flux.2 hands its blocks the modulation as dataclass objects (ModulationOut) inside a
   tuple, computed once by the parent on the main device: a block on the second device
   must get them brought there, as plain tensors are;
@@ -18,9 +18,9 @@ from torch import nn
 from comfyui_placement import PlacementSpec, place, plan
 from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan
-from comfyui_placement.runtime.blocks import find_blocks
-from comfyui_placement.runtime.moves import map_tensors
-from comfyui_placement.runtime.rehearse import rehearse_split
+from comfyui_placement.runtime.blocks.find import find_blocks
+from comfyui_placement.runtime.blocks.moves import map_tensors
+from comfyui_placement.runtime.measure.rehearse import rehearse_split
 
 WIDTH = 32
 
@@ -156,7 +156,7 @@ def test_map_tensors_goes_through_slotted_value_objects():
     assert map_tensors(lambda v: v, c) is c
 
 
-# -- the module's own code between blocks of two devices (runtime/crossings.py) -------------
+# -- the module's own code between blocks of two devices (runtime/blocks/crossings.py) -------------
 BATCH, CAP, IMG = 2, 5, 12          # batch, caption tokens, image tokens
 
 
@@ -369,8 +369,8 @@ def test_non_block_modules_between_levels_get_their_arguments_on_the_main_device
 def test_without_the_crossings_the_simulated_device_refuses_both(monkeypatch):
     """What the two tests above need is what a GPU refuses: with the crossings taken out
     the simulated device raises its device mismatch, naming both devices."""
-    from comfyui_placement.runtime import stages
-    from comfyui_placement.runtime.simcheck import DeviceMismatch
+    from comfyui_placement.runtime.engine import stages
+    from comfyui_placement.runtime.device.simcheck import DeviceMismatch
     monkeypatch.setattr(stages.StagedEngine, "_joins", lambda self: None)
     monkeypatch.setattr(stages, "home_modules", lambda *a, **k: [])
     torch.manual_seed(0)
@@ -495,7 +495,7 @@ def _memo_traverse(map_one, memo):
 
 
 def test_a_registered_container_is_brought_into_each_block(monkeypatch):
-    from comfyui_placement.runtime import moves
+    from comfyui_placement.runtime.blocks import moves
     torch.manual_seed(0)
     model = MemoStack().eval()
     x, t = torch.randn(2, 5, WIDTH), torch.randn(2, WIDTH)

@@ -10,7 +10,7 @@ from conftest import WORK
 from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.errors import PlacementError
 from comfyui_placement.placement.plan import ComponentPlan, DevicePlan, Plan, StreamPlan
-from comfyui_placement.runtime.blocks import find_blocks
+from comfyui_placement.runtime.blocks.find import find_blocks
 from comfyui_placement.runtime.split import place_split
 
 INVENTORY = "cuda0=256MiB,cuda1=256MiB,cuda2=256MiB"
@@ -276,7 +276,7 @@ def test_modelled_hop_time_is_spent(tiny, run_model):
     """Each hop costs its modelled link time: with a 20 ms latency a forward takes at
     least copies x 20 ms (a lower bound, so a busy machine cannot break it)."""
     import time
-    from comfyui_placement.runtime.simdevice import Link
+    from comfyui_placement.runtime.device.simdevice import Link
     model, inp = tiny("wan")
     plan = split_plan(["cuda0", "cuda1", "cuda2"], [1 << 20] * 3)
     with place_split(model, plan, "diffusion", Inventory.simulated(INVENTORY),

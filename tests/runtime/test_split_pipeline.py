@@ -9,7 +9,7 @@ import torch
 
 from comfyui_placement.placement.devices import Inventory
 from comfyui_placement.placement.errors import PlacementError
-from comfyui_placement.runtime.blocks import find_blocks
+from comfyui_placement.runtime.blocks.find import find_blocks
 from comfyui_placement.runtime.split import PipelinedSplit, place_split
 
 from test_split_layer import INVENTORY, T5Like, assert_restored, snapshot, split_plan
@@ -41,7 +41,10 @@ def plain_by_shares(model, plan, ids, counts):
 
 
 def split_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("pipeline share")]
+    """Share threads still running. A joined thread can stay listed by enumerate() for a
+    moment after join() returns (stopped, not yet deleted): it has stopped, so not counted."""
+    return [t for t in threading.enumerate()
+            if t.name.startswith("pipeline share") and t.is_alive()]
 
 
 @pytest.mark.parametrize("ndev", [2, 3])
@@ -213,7 +216,7 @@ def test_flux_tiny_batch_two(tiny, run_model):
 
 class Residual(torch.nn.Module):
     """The residual inside the block: a parent adding its own x to a block's output on
-    another device is refused, as a GPU refuses it (runtime/simcheck.py)."""
+    another device is refused, as a GPU refuses it (runtime/device/simcheck.py)."""
 
     def __init__(self, width):
         super().__init__()

@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import save_file
 
 from comfyui_placement.runtime import find_blocks, place
-from comfyui_placement.runtime.simdevice import Link
+from comfyui_placement.runtime.device.simdevice import Link
 
 NBLOCKS = {"flux": 5, "sd3": 3, "unet": 5, "wan": 3}
 ALL = 99

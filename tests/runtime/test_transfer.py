@@ -4,8 +4,8 @@ import time
 import pytest
 import torch
 
-from comfyui_placement.runtime.ledger import Ledger
-from comfyui_placement.runtime.simdevice import Link, SimTransfer
+from comfyui_placement.runtime.device.ledger import Ledger
+from comfyui_placement.runtime.device.simdevice import Link, SimTransfer
 
 
 def test_copy_lands_only_after_modelled_time():

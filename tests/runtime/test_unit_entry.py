@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from comfyui_placement.runtime import place
-from comfyui_placement.runtime import units
-from comfyui_placement.runtime.blocks import find_blocks
-from comfyui_placement.runtime.lora import apply_in_place
-from comfyui_placement.runtime.simcheck import DeviceMismatch
+from comfyui_placement.runtime.blocks import entry as units
+from comfyui_placement.runtime.blocks.find import find_blocks
+from comfyui_placement.runtime.engine.lora import apply_in_place
+from comfyui_placement.runtime.device.simcheck import DeviceMismatch
 from comfyui_placement.runtime.split import place_split
 
 from conftest import make_plan

@@ -3,7 +3,7 @@ The module is loaded from its file: its package's __init__ imports comfy, it doe
 import importlib.util
 from pathlib import Path
 
-_PATH = Path(__file__).resolve().parents[2] / "runtime" / "comfy" / "visible_devices.py"
+_PATH = Path(__file__).resolve().parents[2] / "runtime" / "comfy" / "patchers" / "visible_devices.py"
 _SPEC = importlib.util.spec_from_file_location("placement_visible_devices", _PATH)
 _MODULE = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(_MODULE)

@@ -125,7 +125,8 @@ def closed_within(sock, timeout_s: float) -> bool:
 
 
 def heartbeat_threads() -> int:
-    return sum(t.name == "comfyui-placement heartbeat" for t in threading.enumerate())
+    return sum(t.name == "comfyui-placement heartbeat" and t.is_alive()
+               for t in threading.enumerate())
 
 
 # -- the framing itself ---------------------------------------------------------------

@@ -190,7 +190,7 @@ builders.DIFFUSION["boogu"] = dict(family="boogu", fixed=dict(BOOGU_TINY),
 # The loader needs no quantized file (a float file of the same keys loads through the same
 # classes), and the stand-ins of the other quantized names (fp8_scaled...) are float, so
 # these are float by default. With PLACEMENT_STANDINS_INT8=1 they are built in the
-# released format, which the pack's placement does not handle yet (runtime/shadow.py
+# released format, which the pack's placement does not handle yet (runtime/engine/shadow.py
 # aliases tensor storage; a QuantizedTensor keeps its int8 data and scales inside).
 # That format: the blocks' Linears as ComfyUI's int8_tensorwise with ConvRot (a per-group
 # Hadamard rotation before row-wise int8), per layer the int8 weight, its per-row

@@ -190,11 +190,11 @@ def test_the_table_names_architectures_and_refuses_unknown_names_in_one_line():
 
 
 def workload_module():
-    """runtime/comfy/workload.py on its own (its package's __init__ imports comfy; the
+    """runtime/comfy/replan/workload.py on its own (its package's __init__ imports comfy; the
     module reads the prompt alone), kept out of sys.modules."""
     import importlib.util
-    path = Path(__file__).resolve().parents[2] / "runtime" / "comfy" / "workload.py"
-    spec = importlib.util.spec_from_file_location("comfyui_placement.runtime.comfy.workload",
+    path = Path(__file__).resolve().parents[2] / "runtime" / "comfy" / "replan" / "workload.py"
+    spec = importlib.util.spec_from_file_location("comfyui_placement.runtime.comfy.replan.workload",
                                                   path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -54,7 +54,7 @@ def share_headroom(ctx, c: str, items: int) -> int:
     return workspace + -(-(hr - workspace) * items // w.items)
 
 
-class BatchParallel(Kind):
+class BatchParallelKind(Kind):
     name = "batch_parallel"
     decision = "batch"
     parallel = "batch"
@@ -232,4 +232,4 @@ class BatchParallel(Kind):
             f"or room on each device; raise the host budget, or drop parallel batch")
 
 
-BATCH_PARALLEL = BatchParallel()
+BATCH_PARALLEL = BatchParallelKind()

@@ -25,7 +25,7 @@ def _on_cpu(ctx, c, source) -> Option:
     return o.priced()
 
 
-class Cpu(Kind):
+class CpuKind(Kind):
     name = "cpu"
     decision = "cpu"
     moves_to_disk = True
@@ -57,4 +57,4 @@ class Cpu(Kind):
                 f"{fmt(most)} -> runs on cpu (last resort), {ms(o.compute_s)} {per(o)}"]
 
 
-CPU = Cpu()
+CPU = CpuKind()

@@ -104,7 +104,7 @@ def split_candidates(ctx, kind, c: str, mode: str, rooms: Sequence[int], persist
     return out
 
 
-class LayerSplit(Kind):
+class LayerSplitKind(Kind):
     name = "layer_split"
     decision = "split"
 
@@ -167,4 +167,4 @@ class LayerSplit(Kind):
 
 
 
-LAYER_SPLIT = LayerSplit()
+LAYER_SPLIT = LayerSplitKind()

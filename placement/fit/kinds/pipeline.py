@@ -18,7 +18,7 @@ class PipelineDetail(NamedTuple):
     serial_s: float           # that split's forward
 
 
-class Pipeline(Kind):
+class PipelineKind(Kind):
     name = "pipeline"
     decision = "split"
     parallel = "pipeline"
@@ -120,4 +120,4 @@ class Pipeline(Kind):
             f"drop parallel pipeline")
 
 
-PIPELINE = Pipeline()
+PIPELINE = PipelineKind()

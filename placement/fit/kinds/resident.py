@@ -56,7 +56,7 @@ def persistent_devices(ctx, c: str, room):
             yield d
 
 
-class Resident(Kind):
+class ResidentKind(Kind):
     name = "resident"
     decision = "resident"
     whole = True
@@ -75,4 +75,4 @@ class Resident(Kind):
                 f"session"]
 
 
-RESIDENT = Resident()
+RESIDENT = ResidentKind()

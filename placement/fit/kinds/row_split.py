@@ -25,7 +25,7 @@ def row_shares(geo: Geometry, caps: Sequence[int]) -> Optional[List[int]]:
     return held
 
 
-class RowSplit(Kind):
+class RowSplitKind(Kind):
     name = "row_split"
     decision = "split"
 
@@ -71,4 +71,4 @@ class RowSplit(Kind):
                 f"{ms(o.transfer_s)} exchanges {per(o)}"]
 
 
-ROW_SPLIT = RowSplit()
+ROW_SPLIT = RowSplitKind()

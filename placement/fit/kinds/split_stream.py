@@ -65,31 +65,37 @@ def price_spans(ctx, kind, c: str, devs: List[int], caps: List[int], spans, dept
     resident and streams the rest; devices in `hold` (positions) must keep all."""
     geo, w = ctx.geos[c], ctx.work[c]
     names = [ctx.gpus[d] for d in devs]
-    per_device, use, fwd, compute_all, transfer_all = {}, {}, 0.0, 0.0, 0.0
-    resident_total = streamed_total = 0
-    for j, (d, (a, b)) in enumerate(zip(devs, spans)):
-        nb = geo.non_block if j == 0 else 0
-        k = geo.range_prefix(a, b, caps[j] - nb, depth)
+    prefixes = []                      # every device's prefix first: most spans do not fit
+    for j, (a, b) in enumerate(spans):
+        k = geo.range_prefix(a, b, caps[j] - (geo.non_block if j == 0 else 0), depth)
         if k is None or (j in hold and k < b - a):
             return None
-        slots = geo.range_window(a + k, b, depth)
-        resident = geo.prefix[a + k] - geo.prefix[a]
-        streamed = geo.prefix[b] - geo.prefix[a + k]
-        use[d] = nb + resident + slots + geo.headroom
+        prefixes.append(k)
+    per_device, use, fwd, compute_all, transfer_all = {}, {}, 0.0, 0.0, 0.0
+    resident_total = streamed_total = 0
+    prefix, total, flop = geo.prefix, geo.total or 1, w.flop
+    bws = [ctx.model.source_bandwidth(n, source) for n in names]
+    for j, (d, (a, b), k) in enumerate(zip(devs, spans, prefixes)):
+        nb = geo.non_block if j == 0 else 0
+        resident = prefix[a + k] - prefix[a]
+        streamed = prefix[b] - prefix[a + k]
+        use[d] = nb + resident + geo.range_window(a + k, b, depth) + geo.headroom
         per_device[names[j]] = (k, b - a)
-        held = nb + geo.prefix[b] - geo.prefix[a]
-        compute = ctx.compute_s(c, held / (geo.total or 1), d)
-        bw = ctx.model.source_bandwidth(names[j], source)
-        transfer = streamed / bw
-        stall = ring_stall(geo, ctx.compute_s(c, 1.0, d), a + k, bw, depth, a, b)
-        fwd += streamed_forward(compute, transfer, depth, b - a - k, stall) if streamed \
-            else compute
+        whole = flop * 1.0 / ctx.tp[d]                 # ctx.compute_s, as it computes
+        compute = flop * ((nb + prefix[b] - prefix[a]) / total) / ctx.tp[d]
+        if streamed:
+            transfer = streamed / bws[j]
+            stall = ring_stall(geo, whole, a + k, bws[j], depth, a, b)
+            fwd += streamed_forward(compute, transfer, depth, b - a - k, stall)
+            transfer_all += transfer
+        else:
+            fwd += compute
         compute_all += compute
-        transfer_all += transfer
         resident_total += nb + resident
         streamed_total += streamed
-    comm = sum(ctx.model.hop_s(w.activation_bytes, names[j], names[(j + 1) % len(names)])
-               for j in range(len(names)))
+    comm = ctx.memo(("ring hops", tuple(names), w.activation_bytes), lambda: sum(
+        ctx.model.hop_s(w.activation_bytes, names[j], names[(j + 1) % len(names)])
+        for j in range(len(names))))
     detail = SpanDetail([(a, b - 1) for a, b in spans], per_device,
                         sum(k for k, _ in per_device.values()), depth, layout)
     o = Option(c, kind, names, w.runs, ctx.phase_of[c], source, detail)
@@ -128,7 +134,7 @@ def spans_line(ctx, o, how: str) -> str:
             f"{network_line(ctx, o.runtime)}")
 
 
-class SplitStream(Kind):
+class SplitStreamKind(Kind):
     name = "split_stream"
     decision = "split"
 
@@ -150,20 +156,21 @@ class SplitStream(Kind):
         out = []
         for streaming in sorted({k, (k + 1) // 2, 3, 2, 1} & set(range(1, k + 1)),
                                 reverse=True):
+            spans = stream_spans(geo, caps, streaming)      # the same at every depth
+            if spans is None:
+                continue
             for depth in range(ctx.depth_for(c), -1, -1):
-                o = self.spans(ctx, c, devs, caps, depth, ctx.source(c), streaming)
+                o = self.spans(ctx, c, devs, caps, depth, ctx.source(c), streaming, spans)
                 if o is not None:
                     out.append(o)
                     break
         return out
 
-    def spans(self, ctx, c, devs, caps, depth, source, streaming) -> Optional[Option]:
-        def build():
-            spans = stream_spans(ctx.geos[c], caps, streaming)
-            return None if spans is None else price_spans(ctx, self, c, devs, caps, spans,
-                                                          depth, source, streaming)
+    def spans(self, ctx, c, devs, caps, depth, source, streaming, spans) -> Optional[Option]:
         return ctx.memo(("split_stream", c, tuple(devs), tuple(caps), depth, source,
-                         streaming), build)
+                         streaming),
+                        lambda: price_spans(ctx, self, c, devs, caps, spans, depth, source,
+                                            streaming))
 
     def to_plan(self, ctx, o, cp) -> None:
         spans_to_plan(o, cp)
@@ -191,4 +198,4 @@ class SplitStream(Kind):
 
 
 
-SPLIT_STREAM = SplitStream()
+SPLIT_STREAM = SplitStreamKind()

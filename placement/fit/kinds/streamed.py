@@ -1,5 +1,5 @@
 """Streamed: a resident prefix of K blocks on one GPU and the rest copied through a ring
-of prefetch slots each forward (runtime/stream.py), the weights resting in host RAM or,
+of prefetch slots each forward (runtime/engine/stream.py), the weights resting in host RAM or,
 RAM first, partly on disk: the first `host_blocks` streamed blocks stay in RAM and the
 rest are read from the file each forward (plan.StreamPlan.host_blocks)."""
 from typing import List, NamedTuple, Optional
@@ -96,7 +96,7 @@ def host_blocks_within(ctx, o: Option, host_bytes: int) -> int:
     return h
 
 
-class Streamed(Kind):
+class StreamedKind(Kind):
     name = "streamed"
     decision = "stream"
     moves_to_disk = True
@@ -176,4 +176,4 @@ class Streamed(Kind):
                 f"prefix is read from disk each {action(o)} ({ms(o.load_s)})")
 
 
-STREAMED = Streamed()
+STREAMED = StreamedKind()

@@ -1,5 +1,5 @@
 """Tiled VAE: a VAE whose full-frame decode does not fit its GPU decodes in tiles
-(ComfyUI's decode_tiled, run by runtime/comfy/vae_tiles.py) before it is sent to the
+(ComfyUI's decode_tiled, run by runtime/comfy/apply/vae_tiles.py) before it is sent to the
 CPU. The tile ladder and what each tile needs and costs are tiles.py's; this kind picks
 the largest tile that fits, resident for the session or taking turns."""
 from typing import List
@@ -18,7 +18,7 @@ def tile_within(ctx, c: str, room: int):
     return None
 
 
-class TiledVae(Kind):
+class TiledVaeKind(Kind):
     name = "tiled_vae"
     decision = "resident"
     whole = True
@@ -72,4 +72,4 @@ class TiledVae(Kind):
                 f"smallest tile does not fit"]
 
 
-TILED_VAE = TiledVae()
+TILED_VAE = TiledVaeKind()

@@ -10,7 +10,7 @@ from .base import Kind, action, ms, room_without, size_line
 from .resident import whole_on
 
 
-class Turns(Kind):
+class TurnsKind(Kind):
     name = "turns"
     decision = "resident"
     whole = True
@@ -56,4 +56,4 @@ def _why_turns(ctx, use, o, d: int) -> str:
     return " (cheaper overall than keeping it there)"
 
 
-TURNS = Turns()
+TURNS = TurnsKind()

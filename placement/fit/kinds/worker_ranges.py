@@ -35,7 +35,7 @@ def remote_tail_spans(geo: Geometry, remote_caps: Sequence[int]
 
 
 
-class WorkerRanges(Kind):
+class WorkerRangesKind(Kind):
     name = "worker_ranges"
     decision = "split"
 
@@ -93,4 +93,4 @@ class WorkerRanges(Kind):
         return [spans_line(ctx, o, how)]
 
 
-WORKER_RANGES = WorkerRanges()
+WORKER_RANGES = WorkerRangesKind()
