@@ -20,9 +20,10 @@ from torch import nn
 
 from ..placement.remote_devices import is_remote
 from .engine.one_device import Placed
+from .placed import PlacedEngine
 
 
-def place(module: nn.Module, plan, component: str, inventory, **options):
+def place(module: nn.Module, plan, component: str, inventory, **options) -> PlacedEngine:
     """Options: blocks (names in execution order), weights_file (path, for params=disk),
     key_map (module tensor name -> file key, callable or dict), link (simdevice.Link for
     simulated devices), max_pinned_bytes (cap on pinned host memory), host_store
@@ -45,4 +46,4 @@ def place(module: nn.Module, plan, component: str, inventory, **options):
     return Placed(module, plan, component, inventory, **options)
 
 
-__all__ = ["place", "Placed"]
+__all__ = ["place", "Placed", "PlacedEngine"]

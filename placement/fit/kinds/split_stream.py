@@ -63,14 +63,17 @@ def price_spans(ctx, kind, c: str, devs: List[int], caps: List[int], spans, dept
                 source: str, layout, hold=frozenset()) -> Optional[Option]:
     """A layer split over `spans` in which each device keeps a prefix of its range
     resident and streams the rest; devices in `hold` (positions) must keep all."""
-    geo, w = ctx.geos[c], ctx.work[c]
-    names = [ctx.gpus[d] for d in devs]
+    geo = ctx.geos[c]
     prefixes = []                      # every device's prefix first: most spans do not fit
+    range_prefix, nb = geo.range_prefix, geo.non_block
     for j, (a, b) in enumerate(spans):
-        k = geo.range_prefix(a, b, caps[j] - (geo.non_block if j == 0 else 0), depth)
+        k = range_prefix(a, b, caps[j] - nb, depth)
         if k is None or (j in hold and k < b - a):
             return None
         prefixes.append(k)
+        nb = 0                         # the non-block weights are the first device's
+    w = ctx.work[c]
+    names = [ctx.gpus[d] for d in devs]
     per_device, use, fwd, compute_all, transfer_all = {}, {}, 0.0, 0.0, 0.0
     resident_total = streamed_total = 0
     prefix, total, flop = geo.prefix, geo.total or 1, w.flop

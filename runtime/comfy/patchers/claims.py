@@ -36,7 +36,7 @@ adds its claims there, so ComfyUI's own load before each call frees room on ever
 claim's device (claim + its activation estimate), lists the claims while the call runs,
 and can ask for the room back (the call's placement is then left: CallSession).
 """
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -44,6 +44,7 @@ import comfy.model_patcher
 
 from ....placement.remote_devices import is_remote
 from ...footprint import footprint
+from ...placed import PlacedEngine
 from .engine_patcher import CLAIMS_KEY      # additional_models key; one claim per device
 
 
@@ -64,7 +65,7 @@ def planned_claims(plan, component: str, inventory, module) -> Tuple[Dict[str, i
 
 
 # -- what the open placement holds -----------------------------------------------------------
-def held_bytes(placed, device: str) -> int:
+def held_bytes(placed: Optional[PlacedEngine], device: str) -> int:
     """Resident weights + ring slots the placement's ledger holds on `device` now."""
     return 0 if placed is None else placed.held_bytes(device)
 
