@@ -7,15 +7,14 @@ folder as safetensors with the published tensor tables (header-exact, sparse dat
 planned from the paths by the public `plan(auto_fit)`, header reading included, on 8
 simulated 8 GiB GPUs and on 8 of 4 GiB (the hard case: the transformer larger than any
 GPU, a layer split streaming on every one):
-  cold  our caches emptied before every plan (every header parsed, every ring table
-        made again) vs
-        accelerate building the transformer on `meta` from its config (init_empty_weights,
-        what it needs to know the sizes) + reading the transformer file's header with
-        safetensors' safe_open + infer_auto_device_map;
-  warm  our headers cached by (path, size, mtime) and each model's ring tables kept, as a
-        session keeps them (ComfyUI plans one model set at validation, at execution and
-        again at sampling) vs infer_auto_device_map alone on the already-built
-        transformer (the most favourable case for accelerate);
+  cold  our caches emptied before every plan (every header parsed, every geometry and
+        ring table made again) vs accelerate building the transformer on `meta` from its
+        config (init_empty_weights, what it needs to know the sizes) + reading the
+        transformer file's header with safetensors' safe_open + infer_auto_device_map;
+  warm  our headers cached by (path, size, mtime) and each model's geometry and ring
+        tables kept, as a session keeps them (ComfyUI plans one model set at validation,
+        at execution and again at sampling) vs infer_auto_device_map alone on the
+        already-built transformer (the most favourable case for accelerate);
   cold* ours cold vs infer_auto_device_map alone: the strictest reading (accelerate is
         not charged for learning the sizes, we are).
 Each figure is the median of interleaved rounds (ours, then accelerate, alternating which
@@ -201,7 +200,7 @@ def pairing(rounds: int) -> None:
     """Issue 10 item 8 and issue 32: whole pipeline from files (ours, through the public
     plan()) vs the transformer (accelerate), for each of PAIRINGS."""
     from comfyui_placement.placement import PlacementSpec, plan
-    from comfyui_placement.placement.fit.geometry import model_tables, suffix_rings
+    from comfyui_placement.placement.fit import geometry
     import importlib
     describe_module = importlib.import_module("comfyui_placement.placement.metadata.describe")
     infer, _ = accelerate_tools()
@@ -218,8 +217,9 @@ def pairing(rounds: int) -> None:
             def ours_cold():
                 describe_module._HEADERS.clear()
                 describe_module._DESCRIBED.clear()
-                model_tables.cache_clear()
-                suffix_rings.cache_clear()
+                geometry.model_tables.cache_clear()
+                geometry.suffix_rings.cache_clear()
+                geometry._GEOMETRIES.clear()
                 return plan(spec, inv, components)
 
             def ours_warm():
@@ -245,10 +245,10 @@ def pairing(rounds: int) -> None:
                 print(f"  {row:5s} {ms_a:21.2f} ms {ms_b:23.2f} ms {ms_a / ms_b:7.3f}")
             verdicts += [(label, row, ms_a / ms_b) for row, ms_a, ms_b in rows]
         if verdicts:
-            print("  cold  = every header parsed and every ring table made again, vs "
+            print("  cold  = every header parsed, every geometry and ring table made again, vs "
                   "accelerate building the model on meta and reading the header")
-            print("  warm  = headers and ring tables kept, as in a session (the target's "
-                  "reading), vs infer_auto_device_map alone on the built model")
+            print("  warm  = headers, geometries and ring tables kept, as in a session (the "
+                  "target's reading), vs infer_auto_device_map alone on the built model")
             print("  cold* = ours cold vs infer_auto_device_map alone: the strictest reading")
             for label, row, ratio in verdicts:
                 print(f"  target ours <= 0.25x accelerate, {label}, {row:5s}: {ratio:.3f} -> "

@@ -18,7 +18,7 @@ from ..errors import PlacementError
 from .costs import ComponentWork, CostModel
 from .depth import auto_depths, depth_reasons
 from .failure import explain_failure
-from .geometry import Geometry, headroom_of, stream_prefix
+from .geometry import geometry_of, headroom_of, stream_prefix
 from .option import PHASE_ORDER
 from .options import OFFLOAD_MODES, FitOptions, device_budgets
 from .report import build_plan
@@ -56,7 +56,7 @@ def fit(request, inventory, infos: Mapping[str, object], options: Optional[FitOp
         if comp not in infos:
             continue
         info = infos[comp]
-        geos[comp] = Geometry(info, options.headroom.get(comp))
+        geos[comp] = geometry_of(info, options.headroom.get(comp))
         work[comp] = ComponentWork(info, options.resolution, options.frames, options.batch,
                               options.steps, options.activation_bytes.get(comp),
                               cond_batch=options.cond_batch)

@@ -61,7 +61,10 @@ class FitContext:
 
     def devices(self, c: str) -> List[int]:
         """The GPUs c may compute on alone: the asked runtime, else every local GPU the
-        executor runs it on."""
+        executor runs it on (the rules are fixed for the fit: asked once per component)."""
+        return self.memo(("devices", c), lambda: self._devices(c))
+
+    def _devices(self, c: str) -> List[int]:
         rt = self.rules[c].runtime
         if rt is None:
             allowed = self.rules[c].gpus

@@ -8,8 +8,9 @@ the runtime, so what is predicted here is what the runtime allocates). Each kind
 placement (kinds/) lays its blocks out from these sums.
 """
 from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from functools import lru_cache
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..layout import compute_fractions, ring_bytes, ring_suffix_bytes
 from ..units import MiB
@@ -121,6 +122,22 @@ class Geometry:
         return self.prefix[self.n] - self.prefix[k]
 
 
+_GEOMETRIES: "OrderedDict[tuple, Geometry]" = OrderedDict()
+
+
+def geometry_of(info, headroom: Optional[int] = None) -> Geometry:
+    """The Geometry of `info` with `headroom`, kept for the same ComponentInfo object (a
+    session describes a file once, from its header cache, and plans it again and again);
+    another object, even an equal one, gets its own."""
+    key = (id(info), headroom)
+    geo = _GEOMETRIES.get(key)
+    if geo is None or geo.info is not info:
+        geo = _GEOMETRIES[key] = Geometry(info, headroom)
+        while len(_GEOMETRIES) > 64:
+            _GEOMETRIES.popitem(last=False)
+    return geo
+
+
 @lru_cache(maxsize=64)
 def model_tables(sizes: Tuple[int, ...], non_block: int, shares: Tuple[float, ...]
                  ) -> Tuple[dict, dict, dict]:
@@ -142,9 +159,13 @@ def suffix_rings(sizes: Tuple[int, ...], depth: int) -> Tuple[int, ...]:
 def nearest(prefix, target, low, high) -> int:
     """The cut in low..high whose prefix bytes are nearest `target` (ties: the lower)."""
     j = bisect_left(prefix, target, low, high + 1)
-    best = min((c for c in (j - 1, j) if low <= c <= high),
-               key=lambda c: (abs(prefix[c] - target), c), default=min(max(j, low), high))
-    return best
+    best = best_gap = None
+    for c in (j - 1, j):                       # the lower first: a tie keeps it
+        if low <= c <= high:
+            gap = abs(prefix[c] - target)
+            if best is None or gap < best_gap:
+                best, best_gap = c, gap
+    return min(max(j, low), high) if best is None else best
 
 
 def stream_prefix(info, budget_bytes: int, depth: int) -> Tuple[int, int, int]:

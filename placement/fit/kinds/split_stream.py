@@ -59,6 +59,23 @@ def stream_spans(geo: Geometry, caps: Sequence[int], streaming: int
 
 
 
+def deepest_fitting(geo: Geometry, caps: Sequence[int], spans, top: int) -> Optional[int]:
+    """The deepest ring, from `top` down, at which every device of `spans` holds its
+    range: whole, or streamed through its ring (price_spans' own test, asked once per
+    depth before anything is priced)."""
+    prefix = geo.prefix
+    for depth in range(top, -1, -1):
+        nb = geo.non_block
+        for (a, b), cap in zip(spans, caps):
+            room = cap - nb
+            if prefix[b] - prefix[a] > room and geo.range_window(a, b, depth) > room:
+                break
+            nb = 0
+        else:
+            return depth
+    return None
+
+
 def price_spans(ctx, kind, c: str, devs: List[int], caps: List[int], spans, depth: int,
                 source: str, layout, hold=frozenset()) -> Optional[Option]:
     """A layer split over `spans` in which each device keeps a prefix of its range
@@ -76,19 +93,23 @@ def price_spans(ctx, kind, c: str, devs: List[int], caps: List[int], spans, dept
     names = [ctx.gpus[d] for d in devs]
     per_device, use, fwd, compute_all, transfer_all = {}, {}, 0.0, 0.0, 0.0
     resident_total = streamed_total = 0
-    prefix, total, flop = geo.prefix, geo.total or 1, w.flop
+    prefix, total, flop, tp = geo.prefix, geo.total or 1, w.flop, ctx.tp
+    window, headroom, stalls = geo.range_window, geo.headroom, geo.stalls
     bws = [ctx.model.source_bandwidth(n, source) for n in names]
+    nb = geo.non_block
     for j, (d, (a, b), k) in enumerate(zip(devs, spans, prefixes)):
-        nb = geo.non_block if j == 0 else 0
         resident = prefix[a + k] - prefix[a]
         streamed = prefix[b] - prefix[a + k]
-        use[d] = nb + resident + geo.range_window(a + k, b, depth) + geo.headroom
+        use[d] = nb + resident + window(a + k, b, depth) + headroom
         per_device[names[j]] = (k, b - a)
-        whole = flop * 1.0 / ctx.tp[d]                 # ctx.compute_s, as it computes
-        compute = flop * ((nb + prefix[b] - prefix[a]) / total) / ctx.tp[d]
+        compute = flop * ((nb + prefix[b] - prefix[a]) / total) / tp[d]   # ctx.compute_s
         if streamed:
-            transfer = streamed / bws[j]
-            stall = ring_stall(geo, whole, a + k, bws[j], depth, a, b)
+            bw = bws[j]
+            transfer = streamed / bw
+            whole = flop * 1.0 / tp[d]
+            stall = stalls.get((whole, a + k, bw, depth, a, b))     # ring_stall's table
+            if stall is None:
+                stall = ring_stall(geo, whole, a + k, bw, depth, a, b)
             fwd += streamed_forward(compute, transfer, depth, b - a - k, stall)
             transfer_all += transfer
         else:
@@ -96,6 +117,7 @@ def price_spans(ctx, kind, c: str, devs: List[int], caps: List[int], spans, dept
         compute_all += compute
         resident_total += nb + resident
         streamed_total += streamed
+        nb = 0
     comm = ctx.memo(("ring hops", tuple(names), w.activation_bytes), lambda: sum(
         ctx.model.hop_s(w.activation_bytes, names[j], names[(j + 1) % len(names)])
         for j in range(len(names))))
@@ -108,7 +130,7 @@ def price_spans(ctx, kind, c: str, devs: List[int], caps: List[int], spans, dept
                                                           resident_total)
     o.compute_s, o.transfer_s = compute_all, transfer_all + comm
     o.forward_s = fwd + comm
-    o.load_s = resident_total / min(ctx.model.source_bandwidth(n, source) for n in names)
+    o.load_s = resident_total / min(bws)
     o.host_persist = geo.total if source == "cpu" else 0
     return o.priced()
 
@@ -160,13 +182,12 @@ class SplitStreamKind(Kind):
         for streaming in sorted({k, (k + 1) // 2, 3, 2, 1} & set(range(1, k + 1)),
                                 reverse=True):
             spans = stream_spans(geo, caps, streaming)      # the same at every depth
-            if spans is None:
-                continue
-            for depth in range(ctx.depth_for(c), -1, -1):
+            depth = None if spans is None else deepest_fitting(geo, caps, spans,
+                                                               ctx.depth_for(c))
+            if depth is not None:
                 o = self.spans(ctx, c, devs, caps, depth, ctx.source(c), streaming, spans)
                 if o is not None:
                     out.append(o)
-                    break
         return out
 
     def spans(self, ctx, c, devs, caps, depth, source, streaming, spans) -> Optional[Option]:
