@@ -35,6 +35,9 @@ def add_worker_parser(sub) -> None:
     w.add_argument("--max-pending", type=int, default=128, metavar="N",
                    help="handshakes in flight at most; more connections are closed at "
                         "once (128)")
+    w.add_argument("--max-pending-per-address", type=int, default=4, metavar="N",
+                   help="of them from one address at most, so that one stranger cannot "
+                        "take every slot (4)")
 
 
 def run_worker(args) -> int:
@@ -51,7 +54,8 @@ def run_worker(args) -> int:
         raise PlacementError("--comfyui-args needs --comfyui PATH")
     try:
         serve(args.listen, args.models, secret, allowed,
-              args.handshake_timeout, args.main_timeout, args.max_pending, args.simulate)
+              args.handshake_timeout, args.main_timeout, args.max_pending, args.simulate,
+              args.max_pending_per_address)
     except KeyboardInterrupt:
         pass
     return 0

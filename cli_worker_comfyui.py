@@ -50,4 +50,4 @@ def import_comfyui(path: str, comfy_args: str = "") -> tuple:
                              f"{os.path.dirname(os.path.dirname(os.path.dirname(where)))}; "
                              f"start the worker from another folder")
     from .runtime.distributed.builder import PACKAGE
-    return (PACKAGE + ".runtime.comfy.remote_model.",)
+    return (PACKAGE + ".runtime.comfy.worker.remote_model.",)

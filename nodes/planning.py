@@ -6,12 +6,15 @@ weights read), so the plan knows its blocks; an object the metadata reader canno
 describe is still planned, by its size alone.
 """
 import copy
+import os
+import threading
 from collections import OrderedDict
 from typing import Dict, Optional
 
 from ..placement.errors import PlacementError
 from ..placement.metadata import ComponentInfo, describe_component
 from ..placement.resolve import plan as resolve_plan
+from .common import SIMULATE_ENV
 
 # Plans made here run inside ComfyUI: auto-fit proposes only what the adapter executes
 # (placement/capabilities.py), explicit requests it cannot run are errors at queue time.
@@ -44,26 +47,33 @@ def make_plan(spec, inventory, objects: Optional[Dict[str, object]] = None,
 # it is then; an error is kept like a plan, so execute refuses with validation's words.
 _SPEC_PLANS: "OrderedDict[tuple, tuple]" = OrderedDict()
 _KEEP = 64
+_LOCK = threading.Lock()          # the server validates while the executor runs
 
 
 def forget_spec_plans() -> None:
-    _SPEC_PLANS.clear()
+    with _LOCK:
+        _SPEC_PLANS.clear()
 
 
 def spec_plan(spec, strict: bool, workers: str, inventory_for):
     """(plan, joined workers) for the spec alone, planned once per prompt:
     `inventory_for()` -> (inventory, joined) is asked only when it is not planned yet."""
-    key = (repr(spec), bool(strict), str(workers or "").strip())
-    hit = _SPEC_PLANS.get(key)
+    # the simulated inventory is a choice (an environment variable), not a drift: a new
+    # one plans again; free memory moving between validation and execution does not
+    key = (repr(spec), bool(strict), str(workers or "").strip(),
+           os.environ.get(SIMULATE_ENV, ""))
+    with _LOCK:
+        hit = _SPEC_PLANS.get(key)
     if hit is None:
         try:
             inventory, joined = inventory_for()
             hit = (make_plan(spec, inventory, strict=strict), joined)
         except PlacementError as exc:
             hit = (exc, None)
-        _SPEC_PLANS[key] = hit
-        while len(_SPEC_PLANS) > _KEEP:
-            _SPEC_PLANS.popitem(last=False)
+        with _LOCK:
+            _SPEC_PLANS[key] = hit
+            while len(_SPEC_PLANS) > _KEEP:
+                _SPEC_PLANS.popitem(last=False)
     plan, joined = hit
     if isinstance(plan, PlacementError):
         raise PlacementError(str(plan))

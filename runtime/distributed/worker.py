@@ -4,11 +4,13 @@ against the main process's hashes) and runs them on the activations it is sent.
 
 Strangers cannot stall it: every connection's handshake runs in a thread of its own
 under one absolute deadline (--handshake-timeout), at most --max-pending of them at a
-time (more are turned away at once), reading only small messages until the peer proved
-the secret. One main process at a time (the worker joins one group): a second one
-that proves the secret meanwhile is told, in one line, whom the worker serves. A main
-process heard from neither by request nor by heartbeat for --main-timeout is dropped,
-and the next one may join. A broken connection never stops the worker.
+time and at most --max-pending-per-address of them from one address (more are turned
+away at once: one line when a flood starts, one when it ends, never one per connection),
+reading only small messages until the peer proved the secret. One main process at a
+time (the worker joins one group): a second one that proves the secret meanwhile is
+told, in one line, whom the worker serves. A main process heard from neither by request
+nor by heartbeat for --main-timeout is dropped, and the next one may join. A broken
+connection never stops the worker.
 """
 import os
 import socket
@@ -30,6 +32,7 @@ from .offered import OfferedDevices
 HANDSHAKE_TIMEOUT_S = 5.0     # a main process on any sane network proves itself in far less
 MAIN_TIMEOUT_S = 30.0         # a Cluster sends a heartbeat at least every quarter of this
 MAX_PENDING = 128             # handshakes in flight (a thread each)
+MAX_PENDING_PER_ADDRESS = 4   # of them from one address: one stranger cannot take them all
 _HANDOVER_S = 2.0             # a main that just left is still releasing its ranges
 
 
@@ -52,13 +55,18 @@ class Worker:
                  allowed: Sequence[str] = DEFAULT_ALLOWED,
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  main_timeout_s: float = MAIN_TIMEOUT_S, max_pending: int = MAX_PENDING,
-                 simulate: Optional[str] = None):
+                 simulate: Optional[str] = None,
+                 max_per_address: int = MAX_PENDING_PER_ADDRESS):
         self.models_dir, self.secret, self.allowed = models_dir, secret, tuple(allowed)
         self.offered = OfferedDevices(simulate)
         self.handshake_timeout_s, self.main_timeout_s = handshake_timeout_s, main_timeout_s
-        self.max_pending = max_pending
+        self.max_pending, self.max_per_address = max_pending, max_per_address
         self._state = threading.Condition()
         self._pending = 0                        # handshakes in flight
+        self._pending_from: Dict[str, int] = {}  # of them per peer address
+        # refusals not logged: one line when a flood starts, one when it ends (key: the
+        # address, or None for "every slot taken"), never a line per connection
+        self._unlogged: Dict[Optional[str], int] = {}
         self._serving: Optional[str] = None      # "HOST:PORT since TIME" of the main served
         self.listener = socket.create_server((host, port))
         self.address = self.listener.getsockname()[:2]
@@ -73,34 +81,59 @@ class Worker:
                 _log(f"accept failed: {exc.strerror or exc}")
                 time.sleep(0.1)
                 continue
-            self._admit(sock, f"{addr[0]}:{addr[1]}")
+            self._admit(sock, f"{addr[0]}:{addr[1]}", addr[0])
 
-    def _admit(self, sock: socket.socket, peer: str) -> None:
+    def _admit(self, sock: socket.socket, peer: str, host: str) -> None:
         with self._state:
-            full = self._pending >= self.max_pending
-            if not full:
+            if self._pending >= self.max_pending:
+                key, reason = None, f"{self.max_pending} handshakes are pending already"
+            elif self._pending_from.get(host, 0) >= self.max_per_address:
+                key, reason = host, (f"{self.max_per_address} handshakes from {host} are "
+                                     f"pending already")
+            else:
+                key = reason = None
                 self._pending += 1
-        if full:
-            reason = f"{self.max_pending} handshakes are pending already"
+                self._pending_from[host] = self._pending_from.get(host, 0) + 1
+            first = reason is not None and key not in self._unlogged
+            if reason is not None and not first:
+                self._unlogged[key] += 1
+            elif first:
+                self._unlogged[key] = 0
+        if reason is not None:
             refuse(sock, reason, "full")
             sock.close()
-            _log(f"refused {peer}: {reason}")
+            if first:
+                _log(f"refused {peer}: {reason} (the next ones are counted, not logged)")
             return
         try:
-            threading.Thread(target=self._connection, args=(sock, peer), daemon=True,
+            threading.Thread(target=self._connection, args=(sock, peer, host), daemon=True,
                              name=f"worker {peer}").start()
         except RuntimeError as exc:              # no thread to spare
-            self._handshake_done()
+            self._handshake_done(host)
             sock.close()
             _log(f"refused {peer}: {exc}")
 
-    def _handshake_done(self) -> None:
+    def _handshake_done(self, host: str) -> None:
+        ended = []
         with self._state:
             self._pending -= 1
+            left = self._pending_from[host] = self._pending_from[host] - 1
+            if not left:
+                del self._pending_from[host]
+                if host in self._unlogged:
+                    ended.append((host, self._unlogged.pop(host)))
+            if None in self._unlogged and self._pending < self.max_pending:
+                ended.append((None, self._unlogged.pop(None)))
+        for key, count in ended:
+            if not count:
+                continue
+            what = f"{count} more connection{'s' if count > 1 else ''}"
+            _log(f"refused {what} from {key} while its handshakes were pending" if key else
+                 f"refused {what} while every handshake slot was taken")
 
-    def _connection(self, sock: socket.socket, peer: str) -> None:
+    def _connection(self, sock: socket.socket, peer: str, host: str) -> None:
         try:
-            nonce = self._handshake(sock, peer)
+            nonce = self._handshake(sock, peer, host)
             if nonce is not None:
                 self._serve(sock, peer, nonce)
         except Exception as exc:                 # never stops the worker
@@ -108,7 +141,7 @@ class Worker:
         finally:
             sock.close()
 
-    def _handshake(self, sock: socket.socket, peer: str) -> Optional[str]:
+    def _handshake(self, sock: socket.socket, peer: str, host: str) -> Optional[str]:
         """The main process's nonce once it proved the secret; None (logged) if not."""
         try:
             wire.tune_socket(sock)
@@ -120,7 +153,7 @@ class Worker:
         except (wire.LinkLost, OSError) as exc:
             _log(f"refused {peer}: {exc}")
         finally:
-            self._handshake_done()
+            self._handshake_done(host)
         return None
 
     # -- the one main process served ---------------------------------------------------
@@ -255,15 +288,30 @@ class Worker:
 def serve(listen: str, models_dir: str, secret: bytes, allowed: Sequence[str],
           handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
           main_timeout_s: float = MAIN_TIMEOUT_S, max_pending: int = MAX_PENDING,
-          simulate: Optional[str] = None) -> None:
+          simulate: Optional[str] = None,
+          max_per_address: int = MAX_PENDING_PER_ADDRESS) -> None:
     host, sep, port = listen.rpartition(":")
+    accepted = "expected HOST:PORT, e.g. 0.0.0.0:7860 (port 0 picks a free one)"
     if not sep or not host or not port.isdigit():
-        raise PlacementError(f"invalid --listen {listen!r}; expected HOST:PORT, e.g. "
-                             f"0.0.0.0:7860 (port 0 picks a free one)")
+        raise PlacementError(f"invalid --listen {listen!r}; {accepted}")
+    if int(port) > 65535:
+        raise PlacementError(f"invalid --listen {listen!r}: port {port} is past 65535; "
+                             f"{accepted}")
     if not os.path.isdir(models_dir):
         raise PlacementError(f"--models {models_dir!r} is not a folder")
-    if not (handshake_timeout_s > 0 and main_timeout_s > 0 and max_pending >= 1):
+    if not os.access(models_dir, os.R_OK | os.X_OK):
+        raise PlacementError(f"--models {models_dir!r} cannot be read by this user")
+    if not (handshake_timeout_s > 0 and main_timeout_s > 0 and max_pending >= 1
+            and max_per_address >= 1):
         raise PlacementError("--handshake-timeout and --main-timeout must be positive "
-                             "seconds, --max-pending at least 1")
-    Worker(host.strip("[]"), int(port), models_dir, secret, allowed, handshake_timeout_s,
-           main_timeout_s, max_pending, simulate).serve_forever()
+                             "seconds, --max-pending and --max-pending-per-address at "
+                             "least 1")
+    try:
+        worker = Worker(host.strip("[]"), int(port), models_dir, secret, allowed,
+                        handshake_timeout_s, main_timeout_s, max_pending, simulate,
+                        max_per_address)
+    except (OSError, OverflowError) as exc:        # in use, no such address, not allowed
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise PlacementError(f"cannot listen on {listen}: {why}; give a free port of an "
+                             f"address of this machine (port 0 picks a free one)") from None
+    worker.serve_forever()

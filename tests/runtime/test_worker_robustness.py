@@ -56,8 +56,11 @@ class Worker:
             time.sleep(0.05)
         return time.monotonic() - t0
 
-    def connect(self) -> socket.socket:
-        return socket.create_connection((self.host, self.port), timeout=10)
+    def connect(self, source: str = "127.0.0.1") -> socket.socket:
+        """A connection from the loopback address `source` (127.0.0.0/8: each one a
+        different peer address to the worker)."""
+        return socket.create_connection((self.host, self.port), timeout=10,
+                                        source_address=(source, 0))
 
     def stop(self):
         if self.proc.poll() is None:
@@ -166,19 +169,21 @@ def test_a_message_is_bounded_before_it_is_read_and_a_deadline_is_absolute():
 
 # -- strangers ------------------------------------------------------------------------
 def test_idle_and_garbage_connections_do_not_delay_a_main(worker):
-    """50 idle connections and peers sending garbage are all in their handshakes when a
-    main process with the secret joins: it joins at once and runs a round trip; each
-    stranger is refused in one log line (garbage at once, silence at the deadline)."""
+    """50 idle connections of one stranger and peers sending garbage are all in their
+    handshakes when a main process with the secret joins: it joins at once and runs a
+    round trip; a garbage peer is refused in one log line at once, the stranger's four
+    admitted connections at the deadline, its other 46 at once in one line, and one line
+    counts them when its handshakes end."""
     w = worker()
-    idle = [w.connect() for _ in range(50)]
+    idle = [w.connect("127.0.0.2") for _ in range(50)]
     rnd = random.Random(0)
     garbage = {"random": bytes(rnd.randrange(256) for _ in range(3000)),
                "enormous": struct.pack("<I", 0xFFFFFFFF) + b"{",
                "half": struct.pack("<I", 200) + b'{"mac": "' + b"a" * 60,
                "not json": struct.pack("<I", 8) + b"\xff\xfe\x00garbl"}
     peers = {}
-    for what, data in garbage.items():
-        s = w.connect()
+    for i, (what, data) in enumerate(garbage.items()):
+        s = w.connect(f"127.0.0.{3 + i}")
         s.sendall(data)
         peers[what] = s
     try:
@@ -189,22 +194,72 @@ def test_idle_and_garbage_connections_do_not_delay_a_main(worker):
             echo(c)
             assert joined < 3.0, f"joining took {joined:.1f} s"
             ports = {what: s.getsockname()[1] for what, s in peers.items()}
-            w.wait_log(rf"refused 127\.0\.0\.1:{ports['enormous']}: control message of "
+            w.wait_log(rf"refused 127\.0\.0\.4:{ports['enormous']}: control message of "
                        rf"4294967295 bytes is past the 65536 limit", 5)
-            w.wait_log(rf"refused 127\.0\.0\.1:{ports['not json']}: control message is "
+            w.wait_log(rf"refused 127\.0\.0\.6:{ports['not json']}: control message is "
                        rf"not JSON", 5)
-            w.wait_log(rf"refused 127\.0\.0\.1:{ports['random']}: ", 5)
+            w.wait_log(rf"refused 127\.0\.0\.3:{ports['random']}: ", 5)
             assert closed_within(peers["enormous"], 2)
             # silence is cut at the handshake deadline, not later
             assert closed_within(peers["half"], HANDSHAKE_S + 3)
             assert all(closed_within(s, 3) for s in idle)
-            w.wait_log(r"refused 127\.0\.0\.1:\d+: handshake not finished within 5 s", 5,
-                       count=51)
+            w.wait_log(r"refused 127\.0\.0\.2:\d+: handshake not finished within 5 s", 5,
+                       count=4)
+            w.wait_log(r"refused 127\.0\.0\.5:\d+: handshake not finished within 5 s", 5)
+            w.wait_log(r"refused 45 more connections from 127\.0\.0\.2 while its "
+                       r"handshakes were pending", 5)
+            assert len(re.findall(r"4 handshakes from 127\.0\.0\.2 are pending already",
+                                  w.logs())) == 1
             echo(c)                                # the session outlived them all
     finally:
         for s in idle + list(peers.values()):
             s.close()
     assert w.proc.poll() is None
+
+
+def test_one_stranger_with_300_idle_connections_cannot_lock_the_main_out(worker):
+    """One address holds at most four handshakes (--max-pending-per-address): its other
+    296 connections are closed at once, the main joins in well under 5 s, and the worker
+    logs the flood in two lines, never one per connection (issue 33)."""
+    w = worker()
+    hog = [w.connect("127.0.0.2") for _ in range(300)]
+    try:
+        t0 = time.monotonic()
+        with cluster(w) as c:
+            joined = time.monotonic() - t0
+            echo(c)
+        assert joined < 5.0, f"joining took {joined:.1f} s"
+        assert sum(closed_within(s, 0.5) for s in hog[4:]) == 296
+    finally:
+        for s in hog:
+            s.close()
+    w.wait_log(r"refused 295 more connections from 127\.0\.0\.2 while its handshakes "
+               r"were pending", HANDSHAKE_S + 5)
+    logs = w.logs()
+    assert len(re.findall(r"4 handshakes from 127\.0\.0\.2 are pending already", logs)) == 1
+    lines = [line for line in logs.splitlines() if "127.0.0.2" in line]
+    assert len(lines) <= 1 + 4 + 1, logs          # the first, the 4 admitted, the end
+
+
+def test_twenty_strangers_of_twenty_connections_cannot_lock_the_main_out(worker):
+    """20 addresses of 20 idle connections each: 80 handshakes pending at most (four an
+    address), the main joins in under 5 s; one line per address for its refusals."""
+    w = worker()
+    strangers = [f"127.0.0.{10 + i}" for i in range(20)]
+    socks = [w.connect(host) for host in strangers for _ in range(20)]
+    try:
+        t0 = time.monotonic()
+        with cluster(w) as c:
+            joined = time.monotonic() - t0
+            echo(c)
+        assert joined < 5.0, f"joining took {joined:.1f} s"
+    finally:
+        for s in socks:
+            s.close()
+    logs = w.logs()
+    for host in strangers:
+        pattern = rf"4 handshakes from {re.escape(host)} are pending already"
+        assert len(re.findall(pattern, logs)) == 1, host
 
 
 def test_a_dribbling_peer_is_cut_at_the_deadline(worker):
