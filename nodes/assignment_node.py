@@ -3,6 +3,8 @@
 A bad spec is a node error when the prompt is queued (validate_inputs), before any
 model loads. The resolved plan for this machine is shown in the node.
 """
+import asyncio
+
 from comfy_api.latest import io
 
 from ..placement.errors import PlacementError
@@ -116,12 +118,15 @@ class BackendAssignment(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, backend=""):
+    async def validate_inputs(cls, backend=""):
         # ComfyUI blames every input this signature names: one input, one error. The
         # other spec inputs come from the prompt the server received (prompt_inputs.py).
         node_id = getattr(cls.hidden, "unique_id", None) if cls.hidden else None
         others = spec_inputs(node_id, backend)
-        return check_spec(backend if isinstance(backend, str) else "", **others)
+        # joining workers waits on the network and planning takes a while: both run off
+        # ComfyUI's event loop, so the UI and its HTTP API stay live meanwhile
+        return await asyncio.to_thread(check_spec, backend if isinstance(backend, str)
+                                       else "", **others)
 
     @classmethod
     def execute(cls, backend, params_backend, max_vram, split_mode, stream_layers, auto_fit,

@@ -1,6 +1,8 @@
 """Placement Devices: the inventory the other nodes plan for, shown in the node."""
 from comfy_api.latest import io, ui
 
+from ..placement.errors import PlacementError
+from ..placement.remote_devices import parse_workers
 from ..runtime.comfy.patchers.visible_devices import hidden_gpus_note
 from .common import CATEGORY, SEARCH_ALIASES, node_inventory, workers_inventory
 
@@ -26,6 +28,18 @@ class PlacementDevices(io.ComfyNode):
             outputs=[io.String.Output("devices", tooltip="name<TAB>description, one per line")],
             is_output_node=True,
         )
+
+    @classmethod
+    async def validate_inputs(cls, workers=""):
+        """A workers text that is not ALIAS=HOST:PORT entries is a node error when the
+        prompt is queued (an unreachable worker is not: the node lists why)."""
+        text = workers.strip() if isinstance(workers, str) else ""
+        try:
+            if text:
+                parse_workers(text)
+        except PlacementError as exc:
+            return f"placement error in workers: {exc}"
+        return True
 
     @classmethod
     def fingerprint_inputs(cls, workers=""):
