@@ -5,8 +5,8 @@ Found from the module's structure: the shallowest module holding known block gro
 groups taken in the order they run in the architectures we know; failing those, the
 ModuleLists that hold most of a module's weights, whatever their names. The streamer
 checks the order on the first forward and adopts what it sees, and a block is entered by
-whatever of it runs (units.py: a container's own forward may never be called). Everything outside the blocks
-(embeddings, final layers) is non-block and stays resident.
+whatever of it runs (entry.py: a container's own forward may never be called).
+Everything outside the blocks (embeddings, final layers) is non-block and stays resident.
 """
 from collections import deque
 from typing import List, Optional, Sequence, Tuple

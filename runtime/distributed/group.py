@@ -1,6 +1,7 @@
 """The torch.distributed group that carries activations: the main process is rank 0 and
 hosts the store; each worker is told its rank over its authenticated socket. Gloo between
-CPUs (and for tests), NCCL between GPUs. No default group: each main process's workers form their own."""
+CPUs (and for tests), NCCL between GPUs. No default group: each main process's workers
+form their own."""
 import datetime
 
 import torch

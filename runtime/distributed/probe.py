@@ -1,10 +1,11 @@
-"""How fast is the link to a worker? `calibrate --workers w1=HOST:PORT` (runtime/machine/calibrate.py)
-sends payloads the way a remote range sends activations (a control message, then the
-bytes over the process group) and the worker sends them straight back (its `run` request
-with mode "echo": nothing computed, nothing loaded). The best round trip of a small
-payload is the link's latency per crossing; a large one gives the bandwidth each way:
-bytes / ((round trip - 2 x latency) / 2). Auto-fit prices remote ranges with these
-figures (placement/machine_figures.py reads a record's "network" entry)."""
+"""How fast is the link to a worker? `calibrate --workers w1=HOST:PORT`
+(runtime/machine/calibrate.py) sends payloads the way a remote range sends activations
+(a control message, then the bytes over the process group) and the worker sends them
+straight back (its `run` request with mode "echo": nothing computed, nothing loaded). The
+best round trip of a small payload is the link's latency per crossing; a large one gives
+the bandwidth each way: bytes / ((round trip - 2 x latency) / 2). Auto-fit prices remote
+ranges with these figures (placement/machine_figures.py reads a record's "network"
+entry)."""
 import time
 from typing import Dict, Optional, Sequence
 
