@@ -27,7 +27,14 @@ EXAMPLES = {
     "lora_under_streaming": ("A LoRA on a streamed Flux (applied per block, no reload)",
                              {"backend": "diffusion=cuda0", "stream_layers": True,
                               "lora_mode": "auto"}, True),
+    "layer_split_with_a_worker": (
+        "Flux split between this GPU and a worker machine's (runs here when no worker "
+        "answers)", {"backend": "te=cpu,diffusion=cuda0&w1.cuda0", "split_mode": "layer",
+                     "workers": "w1=192.168.1.20:7860"}, False),
 }
+# the worker the tests name instead: loopback, a port nothing listens on (refused at
+# once); the tests never reach any other address
+TEST_WORKERS = "w1=127.0.0.1:1"
 
 REAL = {"unet": "flux1-dev.safetensors", "clip1": "clip_l.safetensors",
         "clip2": "t5xxl_fp16.safetensors", "vae": "ae.safetensors",
@@ -93,5 +100,7 @@ def to_tiny(prompt: dict) -> dict:
             ins["steps"] = 2
         elif ct == "PlacementApply":
             ins.pop("clip", None)
+        elif ct == "PlacementBackendAssignment" and ins.get("workers"):
+            ins["workers"] = TEST_WORKERS
         out[nid] = node
     return out
