@@ -36,9 +36,14 @@ MAX_PENDING_PER_ADDRESS = 4   # of them from one address: one stranger cannot ta
 _HANDOVER_S = 2.0             # a main that just left is still releasing its ranges
 
 
+_LOG_LOCK = threading.Lock()   # handshake threads log at once: one whole line each
+
+
 def _log(text: str) -> None:
     stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
-    print(f"{stamp} worker: {text}", file=sys.stderr, flush=True)
+    with _LOG_LOCK:
+        sys.stderr.write(f"{stamp} worker: {text}\n")
+        sys.stderr.flush()
 
 
 def _first_line(exc: BaseException) -> str:
