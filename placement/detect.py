@@ -5,15 +5,15 @@ them (this module imports nothing of the pack)."""
 import os
 from typing import Dict, List, Tuple
 
-Device = dict      # the fields of placement/devices.py's Device
+DeviceFacts = dict     # the fields of placement/devices.py's Device
 
 
-def _device(name, kind, total, free, description, torch_device) -> Device:
+def _device(name, kind, total, free, description, torch_device) -> DeviceFacts:
     return {"name": name, "kind": kind, "total_bytes": total, "free_bytes": free,
             "description": description, "torch_device": torch_device}
 
 
-def _cuda_devices(torch) -> List[Device]:
+def _cuda_devices(torch) -> List[DeviceFacts]:
     out = []
     if not torch.cuda.is_available():
         return out
@@ -30,7 +30,7 @@ def _cuda_devices(torch) -> List[Device]:
     return out
 
 
-def _xpu_devices(torch) -> List[Device]:
+def _xpu_devices(torch) -> List[DeviceFacts]:
     xpu = getattr(torch, "xpu", None)
     if xpu is None or not xpu.is_available():
         return []
@@ -47,7 +47,7 @@ def _xpu_devices(torch) -> List[Device]:
     return out
 
 
-def _mps_devices(torch) -> List[Device]:
+def _mps_devices(torch) -> List[DeviceFacts]:
     mps = getattr(torch.backends, "mps", None)
     if mps is None or not mps.is_available():
         return []
@@ -56,7 +56,7 @@ def _mps_devices(torch) -> List[Device]:
     return [_device("mps", "gpu", total, free, "Apple GPU (Metal)", torch_device="mps")]
 
 
-def torch_devices() -> List[Device]:
+def torch_devices() -> List[DeviceFacts]:
     import torch
     total, avail = host_memory()
     devices = _cuda_devices(torch) + _xpu_devices(torch) + _mps_devices(torch)

@@ -106,9 +106,9 @@ class Geometry:
         prefix = self.prefix
         if prefix[end] - prefix[start] <= room:
             return end - start
-        window, base = self.range_window, prefix[start]
-        if window(start, end, depth) > room:            # not even all streamed fits
+        if not self.range_fits(start, end, room, depth):  # not even all streamed fits
             return None
+        window, base = self.range_window, prefix[start]
         lo, hi = 0, end - start - 1                     # lo fits; the largest that fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -117,6 +117,12 @@ class Geometry:
             else:
                 hi = mid - 1
         return lo
+
+    def range_fits(self, start: int, end: int, room: int, depth: int) -> bool:
+        """Whether blocks start..end-1 fit `room` at all: whole, or all streamed through
+        the ring (range_prefix is then not None)."""
+        return (self.prefix[end] - self.prefix[start] <= room
+                or self.range_window(start, end, depth) <= room)
 
     def streamed_bytes(self, k: int) -> int:
         return self.prefix[self.n] - self.prefix[k]

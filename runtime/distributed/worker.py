@@ -100,10 +100,8 @@ class Worker:
                 self._pending += 1
                 self._pending_from[host] = self._pending_from.get(host, 0) + 1
             first = reason is not None and key not in self._unlogged
-            if reason is not None and not first:
-                self._unlogged[key] += 1
-            elif first:
-                self._unlogged[key] = 0
+            if reason is not None:
+                self._unlogged[key] = 0 if first else self._unlogged[key] + 1
         if reason is not None:
             refuse(sock, reason, "full")
             sock.close()

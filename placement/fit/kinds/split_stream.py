@@ -63,15 +63,9 @@ def deepest_fitting(geo: Geometry, caps: Sequence[int], spans, top: int) -> Opti
     """The deepest ring, from `top` down, at which every device of `spans` holds its
     range: whole, or streamed through its ring (price_spans' own test, asked once per
     depth before anything is priced)."""
-    prefix = geo.prefix
+    rooms = [cap - (geo.non_block if j == 0 else 0) for j, cap in enumerate(caps)]
     for depth in range(top, -1, -1):
-        nb = geo.non_block
-        for (a, b), cap in zip(spans, caps):
-            room = cap - nb
-            if prefix[b] - prefix[a] > room and geo.range_window(a, b, depth) > room:
-                break
-            nb = 0
-        else:
+        if all(geo.range_fits(a, b, room, depth) for (a, b), room in zip(spans, rooms)):
             return depth
     return None
 
@@ -93,23 +87,18 @@ def price_spans(ctx, kind, c: str, devs: List[int], caps: List[int], spans, dept
     names = [ctx.gpus[d] for d in devs]
     per_device, use, fwd, compute_all, transfer_all = {}, {}, 0.0, 0.0, 0.0
     resident_total = streamed_total = 0
-    prefix, total, flop, tp = geo.prefix, geo.total or 1, w.flop, ctx.tp
-    window, headroom, stalls = geo.range_window, geo.headroom, geo.stalls
+    prefix = geo.prefix
     bws = [ctx.model.source_bandwidth(n, source) for n in names]
     nb = geo.non_block
     for j, (d, (a, b), k) in enumerate(zip(devs, spans, prefixes)):
         resident = prefix[a + k] - prefix[a]
         streamed = prefix[b] - prefix[a + k]
-        use[d] = nb + resident + window(a + k, b, depth) + headroom
+        use[d] = nb + resident + geo.range_window(a + k, b, depth) + geo.headroom
         per_device[names[j]] = (k, b - a)
-        compute = flop * ((nb + prefix[b] - prefix[a]) / total) / tp[d]   # ctx.compute_s
+        compute = ctx.compute_s(c, (nb + prefix[b] - prefix[a]) / (geo.total or 1), d)
         if streamed:
-            bw = bws[j]
-            transfer = streamed / bw
-            whole = flop * 1.0 / tp[d]
-            stall = stalls.get((whole, a + k, bw, depth, a, b))     # ring_stall's table
-            if stall is None:
-                stall = ring_stall(geo, whole, a + k, bw, depth, a, b)
+            transfer = streamed / bws[j]
+            stall = ring_stall(geo, ctx.compute_s(c, 1.0, d), a + k, bws[j], depth, a, b)
             fwd += streamed_forward(compute, transfer, depth, b - a - k, stall)
             transfer_all += transfer
         else:
