@@ -227,7 +227,7 @@ def place_case(cluster, files, key, inv):
 class Worker:
     def __init__(self, name, models, work):
         self.name = name
-        self.log = open(os.path.join(work, f"{name}.log"), "w+")
+        self.log = open(os.path.join(work, f"{name}.log"), "a+")  # appends: seek(0) never moves its writes
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "comfyui_placement", "worker", "--listen", "127.0.0.1:0",
              "--models", models, "--secret-env", SECRET_ENV, "--comfyui", ARGS.comfyui],

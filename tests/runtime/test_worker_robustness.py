@@ -28,7 +28,7 @@ class Worker:
     def __init__(self, tmp_path, *options, name="w"):
         models = tmp_path / "models"
         models.mkdir(exist_ok=True)
-        self.log = open(tmp_path / f"{name}.log", "w+")
+        self.log = open(tmp_path / f"{name}.log", "a+")  # appends: seek(0) never moves its writes
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "comfyui_placement", "worker", "--listen", "127.0.0.1:0",
              "--models", str(models), "--secret-env", SECRET_ENV, *options],
