@@ -24,7 +24,8 @@ class WorkerProcess:
     def __init__(self, models, tmp_path, secret="loopback-secret", name="w", extra=()):
         env = dict(os.environ, **{SECRET_ENV: secret})
         self.name = name
-        self.log = open(tmp_path / f"{name}.log", "a+")  # appends: seek(0) never moves its writes
+        # appends: our seek(0) never moves the writes of the worker sharing the file
+        self.log = open(tmp_path / f"{name}.log", "a+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "comfyui_placement", "worker", "--listen", "127.0.0.1:0",
              "--models", str(models), "--secret-env", SECRET_ENV, *extra],
