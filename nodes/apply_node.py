@@ -127,7 +127,7 @@ class ApplyPlacement(io.ComfyNode):
         # measured figures of each run, sent to this node beside the plan's predictions
         meter = Meter(node_id, plan, inventory, engine_sessions(placed, replanner),
                       plan_that_ran=lambda: replanner.last[1] if replanner and replanner.last
-                      else plan)
+                      else plan, workers=workers)
         attach(meter, placed.get("diffusion"), placed.get("vae"), by_component.get("vae"))
         results = [placed.get(comp) for _, _, comp in SLOTS]
         detectors = placed.get("detector") or by_component["detector"]

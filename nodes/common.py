@@ -87,7 +87,20 @@ def workers_inventory(inventory: Inventory, text: str, strict: bool):
                              f"the worker)")
     if not workers.joined:
         return inventory, workers
+    refresh_workers(workers)
     return with_remote(inventory, workers.devices()), workers
+
+
+def refresh_workers(workers, reset_peaks: bool = False) -> None:
+    """Each joined worker's free memory measured now, its peaks read and, with
+    reset_peaks, counted from now (runtime/distributed/own_figures.py). A worker lost
+    meanwhile is left to the run, which says so in one line."""
+    from ..placement.errors import PlacementError
+    for cluster in (getattr(workers, "joined", None) or {}).values():
+        try:
+            cluster.refresh(reset_peaks)
+        except PlacementError:
+            pass
 
 
 def note_workers(plan, workers) -> None:

@@ -30,6 +30,7 @@ from ..placement.ran_figures import planned_by_phase, with_calls
 from ..placement.report import render_measured
 from ..runtime.comfy.patchers.measure_hooks import engine_session, meter_decode, meter_sampling
 from ..runtime.engine.fallbacks import describe, make, merged
+from .common import refresh_workers
 
 log = logging.getLogger("comfyui-placement")
 EVENT = "placement.measured"
@@ -56,8 +57,9 @@ class Meter:
 
     def __init__(self, node_id, plan, inventory, sessions: Callable[[str], List[object]],
                  send: Optional[Callable[[dict], None]] = None,
-                 plan_that_ran: Optional[Callable[[], object]] = None):
+                 plan_that_ran: Optional[Callable[[], object]] = None, workers=None):
         self.node_id = None if node_id is None else str(node_id)
+        self.workers = workers             # joined workers: their own peaks come back
         self.plan, self.inventory = plan, inventory
         # auto-fit re-plans at sampling time: its predictions are the ones to compare
         self.plan_that_ran = plan_that_ran or (lambda: self.plan)
@@ -107,6 +109,7 @@ class Meter:
                            "peaks": {}}
         self.record["decode"] = {"seconds": phase.seconds}
         self.record["peaks"] = _merge(self.record["peaks"], phase.peaks)
+        _note_how(self.record, phase.how)
         self._publish()
         return out
 
@@ -169,12 +172,15 @@ class _Phase:
         self.meter, self.name = meter, name
         self.seconds = 0.0
         self.peaks: Dict[str, Dict[str, int]] = {}
+        self.how: Dict[str, str] = {}      # a worker's device: how the worker measured it
 
     def __enter__(self):
         self.before = {id(s): _stats_ids(s) for s in self.meter.sessions(self.name)}
         self.cuda = _real_cuda(self.meter.plan, self.meter.inventory)
         for dev in self.cuda.values():
             torch.cuda.reset_peak_memory_stats(dev)
+        if self.meter.workers:             # their peaks count from here
+            refresh_workers(self.meter.workers, reset_peaks=True)
         self.t0 = time.perf_counter()
         return self
 
@@ -190,10 +196,24 @@ class _Phase:
                     peaks[dev] = max(peaks.get(dev, 0), int(d.get("peak_bytes", 0)))
         for name, dev in self.cuda.items():
             peaks[name] = max(peaks.get(name, 0), int(torch.cuda.max_memory_allocated(dev)))
+        how = {}
+        if self.meter.workers:             # what each worker measured of its own devices
+            refresh_workers(self.meter.workers)
+            for cluster in self.meter.workers.joined.values():
+                for name, (b, said) in cluster.peaks().items():
+                    peaks[name], how[name] = max(peaks.get(name, 0), b), said
         self.peaks = {dev: {self.name: b} for dev, b in peaks.items() if b > 0}
+        self.how = {dev: said for dev, said in how.items() if dev in self.peaks}
         if self.name == "sample" and self.meter.record is not None:
             self.meter.record["peaks"] = _merge(self.meter.record["peaks"], self.peaks)
+            _note_how(self.meter.record, self.how)
         return False
+
+
+def _note_how(record: dict, how: Dict[str, str]) -> None:
+    """How each worker measured its peak (render_measured says it under the peaks)."""
+    if how:
+        record["peaks_measured"] = dict(record.get("peaks_measured") or {}, **how)
 
 
 def _merge(a: dict, b: dict) -> dict:

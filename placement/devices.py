@@ -36,6 +36,15 @@ class Device:
     # slack kept free inside the device's room (placement/room.py); None: the default,
     # 512 MiB but at most a sixteenth of the memory it is kept in ('@margin=SIZE' sets it)
     margin_bytes: Optional[int] = None
+    # a worker's device (remote_devices.py): the worker's machine id (its network link is
+    # keyed by it), the speeds calibrated on that machine (they price it like this
+    # machine's own calibration), when they were saved there, and when the worker
+    # measured free_bytes; None / "" where the worker did not say
+    machine: Optional[str] = None
+    measured_throughput: Optional[float] = None
+    measured_bandwidth: Optional[float] = None
+    measured_at: str = ""
+    free_measured: str = ""
 
     @property
     def is_accelerator(self) -> bool:

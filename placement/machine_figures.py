@@ -111,8 +111,10 @@ def save_measurements(inventory, measured: dict, path: Optional[Path] = None) ->
     old = data["machines"].get(key) or {}
     record = dict(measured)
     record["corrections"] = old.get("corrections", {})
-    # a run without --workers keeps the links it did not measure
-    record["network"] = dict(old.get("network") or {}, **(measured.get("network") or {}))
+    # a run without --workers keeps the links it did not measure; links are kept per
+    # worker machine (worker_figures.py), an older record's per alias
+    from .worker_figures import merged_network
+    record["network"] = merged_network(old.get("network") or {}, measured.get("network") or {})
     record["saved_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     data["machines"][key] = record
     return _save_all(data, path)
@@ -190,6 +192,10 @@ class Figures:
     # {"bytes_per_s"}}; given figures (--network-bandwidth) take precedence)
     network_bandwidth: Dict[str, float] = field(default_factory=dict)
     corrections: Dict[str, tuple] = field(default_factory=dict)      # device -> (factor, runs)
+    # the record's "network" entries as saved (worker_figures.py reads them per worker)
+    network_records: Dict[str, dict] = field(default_factory=dict)
+    # per worker alias: where its network figure came from, in words (the plan says it)
+    network_sources: Dict[str, str] = field(default_factory=dict)
     origin: str = ""                                                 # file and date, for reports
     problem: str = ""           # why the calibration file was not used (a plan warning)
 
@@ -213,8 +219,15 @@ def this_machine(inventory):
 def figures_for(inventory, path: Optional[Path] = None) -> Figures:
     """The measured figures that apply to `inventory`: this machine's calibration and step
     corrections when it is the detected inventory (with workers' devices or not), the
-    network links calibrate measured to workers included; nothing for a simulated one."""
-    inventory = this_machine(inventory)
+    network links calibrate measured to workers included; nothing of this machine's for a
+    simulated one. Workers' devices bring the speeds calibrated on their own machines
+    (remote_devices.py), whatever this machine's inventory is."""
+    local = _local_figures(this_machine(inventory), path)
+    from .worker_figures import with_workers
+    return with_workers(local, inventory, path)
+
+
+def _local_figures(inventory, path: Optional[Path]) -> Figures:
     if inventory is None:
         return NO_FIGURES
     try:
@@ -249,9 +262,8 @@ def figures_for(inventory, path: Optional[Path] = None) -> Figures:
         if sep and a in kinds and b in kinds and _positive(v.get("bytes_per_s")):
             how = "peer" if v.get("how") == "peer" else "host-staged"
             out.links[(a, b)] = (float(v["bytes_per_s"]), how)
-    for alias, v in (record.get("network") or {}).items():
-        if isinstance(v, dict) and _positive(v.get("bytes_per_s")):
-            out.network_bandwidth[str(alias)] = float(v["bytes_per_s"])
+    out.network_records = {str(k): v for k, v in (record.get("network") or {}).items()
+                           if isinstance(v, dict) and _positive(v.get("bytes_per_s"))}
     for name, by_component in (record.get("corrections") or {}).items():
         if name in kinds:
             factor, runs = _device_correction(by_component)

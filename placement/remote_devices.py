@@ -1,14 +1,20 @@
 """Devices on other machines, named `ALIAS.DEVICE` (w1.cuda0, w1.cpu): a worker alias
 (`w1=HOST:PORT`) and the device as that worker names it. Pure data, as the rest of
 placement/: a plan can name remote devices; runtime/distributed runs ranges on them."""
+import math
 import re
-from typing import Dict, Iterable, List, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from .devices import Device, Inventory
 from .errors import PlacementError
 
 _ALIAS = re.compile(r"^[a-z][a-z0-9]*$")
 _DEVICE = re.compile(r"^(cpu|cuda\d+)$")
+_MACHINE_ID = re.compile(r"^[0-9a-f]{32}$")
+# where a worker's device figure comes from, as the worker says (its hello)
+CALIBRATED = "calibrated on the worker"
+SIMULATED = "simulated what-if on the worker"
+DEFAULT = "default for its kind"
 ACCEPTED = "ALIAS=HOST:PORT entries separated by commas, e.g. w1=10.0.0.2:7860,w2=gpubox:7860"
 
 
@@ -33,6 +39,12 @@ def parse_workers(text: Union[str, Dict[str, str]]) -> Dict[str, Tuple[str, int]
     return out
 
 
+def valid_id(value) -> Optional[str]:
+    """A worker's machine id as it sent it (placement/machine_identity.py), or None when
+    it is not one (older workers send none)."""
+    return value if isinstance(value, str) and _MACHINE_ID.match(value) else None
+
+
 def split_name(name: str) -> Tuple[str, str]:
     """'w1.cuda0' -> ('w1', 'cuda0')."""
     alias, dot, device = str(name).strip().lower().partition(".")
@@ -46,28 +58,44 @@ def is_remote(name: str) -> bool:
     return "." in str(name)
 
 
-def remote_device_entries(alias: str, address: str, reported: Iterable[dict]) -> List[Device]:
-    """A worker's own device list (name, kind, total_bytes, free_bytes) as inventory
-    entries named alias.name. No torch_device: only a remote range can run there."""
+def remote_device_entries(alias: str, address: str, reported: Iterable[dict],
+                          machine: Optional[str] = None) -> List[Device]:
+    """A worker's own device list (name, kind, total_bytes, free_bytes, and the figures
+    it sends: docs/distributed.md, "What a worker tells its main") as inventory entries
+    named alias.name. No torch_device: only a remote range can run there. `machine`: the
+    worker's machine id (its network link is keyed by it)."""
     out = []
     for d in reported:
         name = f"{alias}.{d['name']}"
         split_name(name)
+        figures = d.get("figures") if isinstance(d.get("figures"), dict) else {}
+        calibrated = figures.get("calibrated_at") or ""
         out.append(Device(name, d["kind"], int(d["total_bytes"]), int(d["free_bytes"]),
                           f"{d.get('description') or d['kind']} on worker {alias} "
                           f"({address})", simulated=bool(d.get("simulated")),
                           throughput=_speed(d.get("throughput")),
-                          bandwidth=_speed(d.get("bandwidth"))))
+                          bandwidth=_speed(d.get("bandwidth")), machine=machine,
+                          measured_throughput=_calibrated(figures, "throughput"),
+                          measured_bandwidth=_calibrated(figures, "bandwidth"),
+                          measured_at=str(calibrated)[:40],
+                          free_measured=str(figures.get("free_measured") or "")[:80]))
     return out
 
 
+def _calibrated(figures: dict, what: str):
+    """A figure the worker's own calibration gave (its source says so), or None."""
+    if figures.get(f"{what}_source") != CALIBRATED:
+        return None
+    return _speed(figures.get(what))
+
+
 def _speed(value):
-    """A figure the worker reported (its simulated what-if speeds), or None."""
+    """A figure the worker reported, or None."""
     try:
         value = float(value)
     except (TypeError, ValueError):
         return None
-    return value if value > 0 else None
+    return value if math.isfinite(value) and value > 0 else None
 
 
 def with_remote(inventory: Inventory, entries: Iterable[Device]) -> Inventory:

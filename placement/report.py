@@ -11,6 +11,7 @@ from typing import List, Sequence
 
 from .components import PHASES
 from .fit.costs import DEFAULT_BANDWIDTH, DEFAULT_THROUGHPUT
+from .remote_devices import is_remote
 from .units import GiB, MiB, format_bytes
 
 WIDTH = 100         # columns of a terminal; the JSON is there for machines
@@ -192,6 +193,12 @@ def _predicted_lines(plan) -> List[str]:
     model = fit.get("cost_model")
     if model:
         out += wrap("assumes: " + _speeds(plan, model), "", "  ")
+    from .worker_report import lines as worker_lines
+    shown = worker_lines(plan)
+    if shown:
+        out += ["worker figures:"]
+        for line in shown:
+            out += wrap(line)
     return out
 
 
@@ -202,7 +209,7 @@ def _speeds(plan, model) -> str:
     links = model.get("bandwidth_bytes_per_s", {})
     groups, default = {}, True
     for d in plan.devices:
-        if d.name not in flops:
+        if d.name not in flops or is_remote(d.name):   # workers': "worker figures"
             continue
         f, b = flops[d.name], links.get(d.name)
         default_b = DEFAULT_BANDWIDTH.get(d.kind)
@@ -218,7 +225,8 @@ def _speeds(plan, model) -> str:
               else "speeds given to the planner")
     sources = model.get("sources")     # fit.costs.CostModel: given / measured / default
     if sources:                        # docs/calibration.md
-        used = {v for v in sources.values() for v in (v.values() if isinstance(v, dict) else [v])}
+        used = {v for v in sources.values() for v in (
+            [x for k, x in v.items() if not is_remote(k)] if isinstance(v, dict) else [v])}
         source = ("measured on this machine" + (", some given" if "given" in used else "")
                   if "measured" in used else "speeds given to the planner" if "given" in used
                   else "the default speeds of each device kind")
@@ -282,4 +290,6 @@ def render_measured(record: dict) -> List[str]:
                          + ("" if want is None else f" (planned {short_bytes(want)})"))
     if peaks:
         out.append("measured peak: " + ", ".join(peaks))
+    for dev, how in (record.get("peaks_measured") or {}).items():
+        out.append(f"{dev} peak measured on its worker: {how}")
     return out

@@ -187,6 +187,7 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
                 result, lambda device: fit(_pinned(request, device), inventory, infos,
                                            options), infos)
         result.warnings[:0] = request.warnings
+        _name_worker_figures(result, inventory, fit_options)
     else:
         if fit_options:
             raise PlacementError(f"option(s) {', '.join(sorted(fit_options))} need auto_fit")
@@ -214,6 +215,20 @@ def plan(spec: PlacementSpec, inventory: Inventory, components=None, strict: boo
                [c for c, cp in result.components.items() if cp.present or c in named])
     result.extra.setdefault("executor", executor)
     return result
+
+
+def _name_worker_figures(result: Plan, inventory: Inventory, fit_options: dict) -> None:
+    """Where each figure auto-fit priced a worker's devices with came from
+    (placement/worker_report.py): the plan's `worker_figures`."""
+    from .machine_figures import figures_for
+    from .remote_devices import is_remote
+    if not any(is_remote(d.name) for d in inventory.devices):
+        return
+    from .worker_report import worker_figures
+    measured = fit_options.get("measured", "auto")
+    measured = figures_for(inventory) if measured == "auto" else measured
+    model = (result.extra.get("fit") or {}).get("cost_model") or {}
+    result.extra["worker_figures"] = worker_figures(inventory, model, fit_options, measured)
 
 
 def _pinned(request: Request, device: str) -> Request:

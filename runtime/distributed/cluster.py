@@ -12,12 +12,13 @@ import socket
 import threading
 import time
 import weakref
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 
 from ...placement.errors import PlacementError
-from ...placement.remote_devices import parse_workers, remote_device_entries, split_name
+from ...placement.remote_devices import (parse_workers, remote_device_entries, split_name,
+                                         valid_id)
 from . import group as groups, wire
 from .auth import DEFAULT_SECRET_ENV, main_handshake, secret_from_env
 
@@ -29,6 +30,10 @@ class WorkerLink:
                  heartbeat_s: float = 5.0):
         self.alias, self.host, self.port, self.sock = alias, host, port, sock
         self.devices: List[dict] = list(hello.get("devices") or [])
+        self.machine = valid_id(hello.get("machine"))   # its network link is keyed by it
+        # own_figures.py: what the worker measured since the main last reset its peaks
+        self.peaks: Dict[str, Tuple[int, str]] = {}
+        self._no_figures = False
         self.lock = threading.Lock()     # one exchange at a time on the control socket
         try:                             # ping well within the worker's --main-timeout
             heartbeat_s = min(heartbeat_s, float(hello["main_timeout_s"]) / 4)
@@ -94,6 +99,8 @@ class WorkerLink:
 
     def request(self, message: dict, timeout_s: float) -> dict:
         """A control request and its answer; a refusal is a PlacementError."""
+        if message.get("op") == "unload":    # held bytes peak before a release
+            self.figures(timeout_s)
         with self.exchange():
             self.sock.settimeout(timeout_s)
             wire.send_message(self.sock, message)
@@ -101,6 +108,24 @@ class WorkerLink:
         if not reply.get("ok"):
             raise PlacementError(f"{self.where}: {reply.get('error', 'refused')}")
         return reply
+
+    def figures(self, timeout_s: float, reset_peaks: bool = False) -> bool:
+        """Ask the worker for its free memory now and its peaks (runtime/distributed/
+        own_figures.py): kept in `devices` and `peaks`. False from a worker that does
+        not answer it (an older one): its hello's figures stay."""
+        if self._no_figures:
+            return False
+        try:
+            reply = self.request({"op": "figures", "reset_peaks": reset_peaks}, timeout_s)
+        except PlacementError:
+            if self.broken is not None:
+                raise
+            self._no_figures = True          # not asked again: one refusal in its log
+            return False
+        apply_figures(self.devices, self.peaks, reply)
+        if reset_peaks:                      # what it measured before now is not asked
+            self.peaks.clear()
+        return True
 
     def run(self, message: dict, payload, out_device: torch.device, timeout_s: float):
         """Send a payload, run it there, get (outputs, bytes sent, bytes received)."""
@@ -124,6 +149,29 @@ class WorkerLink:
         sent = sum(t.numel() * t.element_size() for t in tensors)
         received = sum(t.numel() * t.element_size() for t in outs)
         return wire.unflatten(reply["skeleton"], outs), sent, received
+
+
+def apply_figures(devices: List[dict], peaks: Dict[str, Tuple[int, str]], reply: dict):
+    """A worker's "figures" answer into its link's device list (free memory now: its
+    free bytes plus the bytes of this main's ranges it holds, which a plan may place
+    again) and peaks ({device: (bytes, how measured)})."""
+    by_name = {d.get("name"): d for d in devices}
+    for got in reply.get("devices") or []:
+        d = by_name.get(got.get("name"))
+        if d is None:
+            continue
+        try:
+            free, held = int(got["free_bytes"]), int(got.get("held_bytes") or 0)
+            peak = int(got["peak_bytes"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        d["free_bytes"] = min(int(d["total_bytes"]), free + held)
+        note = str(reply.get("measured") or "by the worker")
+        if held:
+            note += ", counting this main's ranges held there as free"
+        d["figures"] = dict(d.get("figures") or {}, free_measured=note)
+        if peak > 0:
+            peaks[d["name"]] = (peak, str(got.get("peak_how") or ""))
 
 
 def _spoke_unasked(sock: socket.socket) -> bool:
@@ -300,8 +348,20 @@ class Cluster:
         """Inventory entries (placement Device) for every worker's devices: w1.cuda0 ..."""
         out = []
         for alias, link in self.links.items():
-            out += remote_device_entries(alias, f"{link.host}:{link.port}", link.devices)
+            out += remote_device_entries(alias, f"{link.host}:{link.port}", link.devices,
+                                         link.machine)
         return out
+
+    def refresh(self, reset_peaks: bool = False) -> None:
+        """Each worker's free memory measured now (before a plan), its peaks read (after
+        a run) and, with reset_peaks, counted from now (before one)."""
+        for link in self.links.values():
+            link.figures(self.timeout_s, reset_peaks)
+
+    def peaks(self) -> Dict[str, Tuple[int, str]]:
+        """{w1.cuda0: (peak bytes, how the worker measured it)} as last read (refresh)."""
+        return {f"{alias}.{dev}": got for alias, link in self.links.items()
+                for dev, got in link.peaks.items()}
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:

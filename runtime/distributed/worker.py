@@ -28,6 +28,7 @@ from .builder import DEFAULT_ALLOWED
 from .chain import run_chain
 from .loaded import LoadedRange
 from .offered import OfferedDevices
+from .own_figures import OwnFigures
 
 HANDSHAKE_TIMEOUT_S = 5.0     # a main process on any sane network proves itself in far less
 MAIN_TIMEOUT_S = 30.0         # a Cluster sends a heartbeat at least every quarter of this
@@ -175,8 +176,13 @@ class Worker:
             _log(f"refused {peer}: {busy}")
             return
         try:
+            # this session's own figures: calibrated speeds, machine id, free memory
+            self.own = OwnFigures(self.offered)
+            if self.own.problem:
+                _log(f"calibration not sent: {self.own.problem}")
             worker_hello(sock, self.secret, nonce,
-                         {"devices": self.offered.hello(),
+                         {"devices": self.own.devices(self.offered.hello()),
+                          "machine": self.own.machine,
                           "main_timeout_s": self.main_timeout_s},
                          time.monotonic() + self.main_timeout_s)
             self._requests(sock, peer)
@@ -234,6 +240,9 @@ class Worker:
                     elif op == "unload":
                         ranges.pop(int(request["range"]), None)
                         self.offered.release(int(request["range"]))
+                    elif op == "figures":    # free memory now, peaks (own_figures.py)
+                        wire.send_message(sock, self.own.answer(request, ranges))
+                        continue
                     else:
                         raise PlacementError(f"unknown request {op!r}")
                     wire.send_message(sock, {"ok": True})

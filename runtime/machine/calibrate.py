@@ -240,12 +240,17 @@ def calibrate(inventory, folders: Optional[List[str]] = None, quick: bool = Fals
 
 def network(cluster, quick: bool = False, progress=None) -> dict:
     """{alias: link figures} for each worker of a joined Cluster
-    (runtime/distributed/probe.py)."""
+    (runtime/distributed/probe.py), with the worker's machine id when it sent one."""
     from ..distributed.probe import measure_link
     out = {}
     for alias, link in cluster.links.items():
         _say(progress, f"{link.where}: network round trips")
         got = measure_link(link, cluster.timeout_s, quick)
+        # saved per worker machine (placement/worker_figures.py): another alias for it
+        # keeps the link
+        got.update(address=f"{link.host}:{link.port}",
+                   measured_at=time.strftime("%Y-%m-%d %H:%M", time.localtime()),
+                   **({"machine": link.machine} if link.machine else {}))
         out[alias] = got
         _say(progress, f"  {got['bytes_per_s'] / 1e9:.2f} GB/s each way, "
                        f"{got['latency_s'] * 1e3:.2f} ms per crossing")
@@ -257,7 +262,7 @@ def run_calibrate(inventory, folders=None, quick=False, progress=None, save=True
     """Measure, save for this machine, and return {'record', 'path'}. `workers`
     ("w1=HOST:PORT,..."): also the network link to each, joined first (with the shared
     secret from the environment) so a worker that cannot be reached fails at once;
-    saved per alias, and aliases not measured now keep their figures."""
+    saved per worker machine, and links not measured now keep their figures."""
     from contextlib import nullcontext
     cluster = nullcontext()
     if workers:

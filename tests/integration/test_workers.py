@@ -67,6 +67,22 @@ def test_explicit_split_over_a_worker_equals_the_local_run(results):
     assert log.count("loaded ") >= 2
 
 
+def test_the_workers_own_peak_comes_back_beside_the_planned_bytes(results):
+    """After the explicit split, the record the node draws its bars from holds the peak
+    the worker measured of w1.cpu (the bytes of the range it held: a cpu has no allocator
+    peak), said as such, beside the plan's bytes for it."""
+    records = [r for r in results["explicit_measured"] if r.get("sample")]
+    assert records, results["explicit_measured"]
+    rec = records[-1]
+    peak = rec["peaks"]["w1.cpu"]["sample"]
+    planned = rec["planned_bytes"]["w1.cpu"]
+    assert 0 < peak <= planned.get("sample", planned.get("any")), (peak, planned)
+    assert "ranges held" in rec["peaks_measured"]["w1.cpu"]
+    assert any(line.startswith("w1.cpu peak measured on its worker: ")
+               for line in rec["lines"])
+    assert any("w1.cpu sample" in line for line in rec["lines"])
+
+
 def diffusion(record):
     return record["plan"]["components"]["diffusion"]
 

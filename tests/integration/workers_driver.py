@@ -164,6 +164,9 @@ async def scenarios(executor, work):
 
     # an explicit split: blocks on this machine's cpu and on the worker's
     await run(executor, "explicit", split(workers, "explicit"), "reference")
+    # what the node was sent after the run: the worker's own peak beside the planned bytes
+    RESULTS["explicit_measured"] = [d for e, d in server.PromptServer.instance.messages
+                                    if e == "placement.measured"]
     # the next prompt, every node executed again (a fresh cache): the worker is reused
     await run(new_executor(), "explicit_again", split(workers, "explicit_again"),
               "reference")
