@@ -187,6 +187,7 @@ class _Phase:
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.t0
         peaks: Dict[str, int] = {}
+        loading: Dict[str, dict] = {}      # a worker's range: kept, or what loading it cost
         for s in self.meter.sessions(self.name):
             seen = self.before.get(id(s), set())
             for stats in _all_stats(s):
@@ -194,6 +195,8 @@ class _Phase:
                     continue
                 for dev, d in (stats.get("devices") or {}).items():
                     peaks[dev] = max(peaks.get(dev, 0), int(d.get("peak_bytes", 0)))
+                for dev, how in (stats.get("worker_loading") or {}).items():
+                    loading[dev] = dict(how, blocks=stats["remote_ranges"].get(dev))
         for name, dev in self.cuda.items():
             peaks[name] = max(peaks.get(name, 0), int(torch.cuda.max_memory_allocated(dev)))
         how = {}
@@ -205,6 +208,8 @@ class _Phase:
         self.peaks = {dev: {self.name: b} for dev, b in peaks.items() if b > 0}
         self.how = {dev: said for dev, said in how.items() if dev in self.peaks}
         if self.name == "sample" and self.meter.record is not None:
+            if loading:
+                self.meter.record["worker_loading"] = loading
             self.meter.record["peaks"] = _merge(self.meter.record["peaks"], self.peaks)
             _note_how(self.meter.record, self.how)
         return False

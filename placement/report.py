@@ -292,4 +292,23 @@ def render_measured(record: dict) -> List[str]:
         out.append("measured peak: " + ", ".join(peaks))
     for dev, how in (record.get("peaks_measured") or {}).items():
         out.append(f"{dev} peak measured on its worker: {how}")
+    out += [worker_loading_line(dev, how)
+            for dev, how in (record.get("worker_loading") or {}).items()]
     return out
+
+
+def worker_loading_line(device: str, how: dict) -> str:
+    """A worker's range in one run: kept loaded from the run before, or what loading it
+    read, hashed and moved there and compared here (runtime/distributed/kept.py)."""
+    span = how.get("blocks")
+    head = f"{device}: blocks {span[0]}..{span[1]}" if span else f"{device}: its range"
+    if how.get("kept"):
+        return (f"{head} kept loaded from the last run ({short_bytes(how.get('nbytes', 0))}"
+                f"): no weight moved, nothing hashed")
+    why = how.get("reloaded_because")
+    return (f"{head} loaded ({short_bytes(how.get('nbytes', 0))}"
+            + (f"; not kept: {why}" if why else "") + "): "
+            f"{short_bytes(how.get('read_bytes', 0))} read, "
+            f"{short_bytes(how.get('hashed_bytes', 0))} hashed, "
+            f"{short_bytes(how.get('moved_bytes', 0))} moved on the worker; "
+            f"{short_bytes(how.get('compared_bytes', 0))} compared with the file here")

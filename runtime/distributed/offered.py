@@ -3,7 +3,7 @@
 COMFYUI_PLACEMENT_SIMULATE: plan and test a worker GPU this machine lacks). A range on a
 simulated device computes on this machine's cpu, and ranges past the device's capacity
 are refused as the GPU's memory would refuse them (never computed anyway)."""
-from typing import Dict, Optional
+from typing import Optional
 
 from ...placement.devices import Inventory
 from ...placement.errors import PlacementError
@@ -13,7 +13,6 @@ from ...placement.units import format_bytes
 class OfferedDevices:
     def __init__(self, simulate: Optional[str] = None):
         self.simulated = Inventory.simulated(simulate) if simulate else None
-        self._held: Dict[str, Dict[int, int]] = {}     # simulated device -> range -> bytes
 
     def hello(self) -> list:
         """The device list the worker's hello reports."""
@@ -36,23 +35,14 @@ class OfferedDevices:
         self.simulated.get(name)                 # an unknown device: the inventory's error
         return dict(request, device="cpu")
 
-    def admit(self, request: dict, nbytes: int) -> None:
-        """Count a loaded range on its simulated device; past the capacity, refuse it."""
+    def admit(self, name: str, held_bytes: int, new_bytes: int) -> None:
+        """A simulated device holding `held_bytes` once a range is loaded (its
+        `new_bytes` among them): past the capacity, refuse the range."""
         if self.simulated is None:
             return
-        name = str(request.get("device", "cpu"))
-        held = self._held.setdefault(name, {})
         capacity = self.simulated.get(name).total_bytes
-        others = sum(b for r, b in held.items() if r != int(request["range"]))
-        if others + nbytes > capacity:
+        if held_bytes > capacity:
+            free = capacity - (held_bytes - new_bytes)
             raise PlacementError(f"out of memory on simulated {name}: the range needs "
-                                 f"{format_bytes(nbytes)}, {format_bytes(capacity - others)} "
+                                 f"{format_bytes(new_bytes)}, {format_bytes(max(free, 0))} "
                                  f"of {format_bytes(capacity)} free")
-        held[int(request["range"])] = nbytes
-
-    def release(self, range_id: int) -> None:
-        for held in self._held.values():
-            held.pop(int(range_id), None)
-
-    def release_all(self) -> None:
-        self._held.clear()

@@ -18,10 +18,12 @@ from ...placement.plan import Plan
 from ...placement.remote_devices import is_remote
 from ..blocks.find import find_blocks
 from ..blocks.module_tensors import key_mapper
+from . import kept as kept_ranges
 from .cluster import Cluster
 from .remote import remote_range
 
-REMOTE_OPTIONS = ("builder", "remote_file", "chain", "timeout_s", "inputs")
+REMOTE_OPTIONS = ("builder", "remote_file", "chain", "timeout_s", "inputs", "keep_for",
+                  "restore_released")
 
 
 class RemoteStages:
@@ -121,6 +123,10 @@ class RemoteStages:
                     self.module, span, self.cluster[device], self.file,
                     key_map=self.key_map, block_names=names,
                     local_name=self.sources[device], **self.remote_options)))
+            keep_for = self.remote_options.get("keep_for")
+            if keep_for is not None:      # the owner's ranges this plan no longer names
+                kept_ranges.free(keep_for, keep=[(r.worker.link, r._range_id)
+                                                 for r in self.opened])
             self.local = self._stack.enter_context(place(
                 self.module, self.local_plan, self.component, self.inventory,
                 blocks=self.local_blocks, skip_blocks=self.remote_blocks,
@@ -144,6 +150,8 @@ class RemoteStages:
         out = dict(self.local.stats()) if self.local is not None else {"hops": 0,
                                                                        "hop_bytes": 0}
         out["remote_ranges"] = {d: list(r) for d, r in self.remote_ranges.items()}
+        # per worker device: kept from the last run, or what loading it read, hashed, moved
+        out["worker_loading"] = {r.worker.name: r.stats()["loading"] for r in self.opened}
         links: Dict[str, dict] = {}
         for r in self.opened:
             s = r.stats()

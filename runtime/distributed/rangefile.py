@@ -1,6 +1,7 @@
 """The same model file on both sides, proven by bytes: its size, a SHA-256 of its header,
-and a SHA-256 of the range's tensors (key, then bytes, keys sorted). Weights never cross
-the wire; the worker reads its own copy, found under its models folder only.
+and a hash of the range's tensors' SHA-256s (digests.py: each remembered while the file
+is unchanged). Weights never cross the wire; the worker reads its own copy, found under
+its models folder only.
 
 Files are .safetensors or .gguf (ggufrange.py: each tensor as ComfyUI-GGUF holds it). The
 main names its file by its path under ComfyUI's models folders ("diffusion_models/x",
@@ -16,6 +17,7 @@ import torch
 
 from ...placement.errors import PlacementError
 from ..weights.weightfile import SafetensorsFile
+from .digests import DIGESTS, FileDigests, digest_of
 from .ggufrange import GGUFRangeFile
 
 SUFFIXES = (".safetensors", ".gguf")
@@ -100,17 +102,20 @@ def read_tensor(wf, key: str) -> torch.Tensor:
     return buf.view(dtype).reshape(shape)
 
 
-def range_digest(wf, keys: Iterable[str], loaded: Dict[str, torch.Tensor] = None) -> str:
-    """Over the bytes of these keys' values (the file's bytes; a GGUF BF16 vector's exact
-    float32 form); `loaded` (key -> tensor) avoids a second read."""
-    h = hashlib.sha256()
-    for key in sorted(set(keys)):
+def range_digest(wf, keys: Iterable[str], loaded: Dict[str, torch.Tensor] = None,
+                 digests: FileDigests = DIGESTS) -> str:
+    """A hash of the keys' tensor digests (digests.digest_of), each over the bytes of its
+    value (the file's bytes; a GGUF BF16 vector's exact float32 form); `loaded` (key ->
+    tensor) avoids a second read, and a tensor already hashed for the file as it is now
+    is neither read nor hashed again."""
+    keys = set(keys)
+    known = digests.known(wf.path, keys)
+    for key in keys - set(known):
         t = loaded[key] if loaded is not None and key in loaded else read_tensor(wf, key)
-        h.update(key.encode() + b"\0")
-        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-                 .numpy().tobytes())
-    return h.hexdigest()
+        known[key] = digests.of(wf.path, key, t)
+    return digest_of(known)
 
 
-def identity(path: str) -> dict:
-    return {"size": os.path.getsize(path), "header_sha256": header_digest(path)}
+def identity(path: str, digests: FileDigests = DIGESTS) -> dict:
+    """{"size", "header_sha256"}: the header hashed once per version of the file."""
+    return digests.identity(path, header_digest)

@@ -9,7 +9,9 @@ stays meta), may be released while remote, and are restored exactly on exit, als
 a lost worker.
 """
 import functools
+import json
 import os
+import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -18,9 +20,10 @@ from torch import nn
 from ...placement.errors import PlacementError
 from ..blocks.find import find_blocks
 from ..engine.forward_override import ForwardOverride
-from . import builder as builders, rangefile
+from . import builder as builders, kept as kept_ranges, rangefile
 from .chain import RangeCalls
 from .cluster import RemoteDevice
+from .digests import settled, signature
 from .wire import flatten
 
 
@@ -42,12 +45,18 @@ class RemoteRange:
                  chain: bool = True, timeout_s: Optional[float] = None,
                  remote_file: Optional[str] = None,
                  inputs: Optional[Callable[[tuple, dict], Tuple[tuple, dict]]] = None,
-                 local_name: Optional[str] = None):
+                 local_name: Optional[str] = None, keep_for=None,
+                 restore_released: bool = True):
         """`inputs(args, kwargs) -> (args, kwargs)`: what of a block call crosses the wire
         (an adapter drops its own bookkeeping there, e.g. ComfyUI's transformer_options
         callables; runtime/comfy/worker/worker_ranges.py), applied before each remote call.
         `local_name`: the plan's name of the device the activations come from (its stats'
-        links; default: the torch device they are on)."""
+        links; default: the torch device they are on). `keep_for`: an object (ComfyUI's
+        diffusion module) for which the worker keeps the range loaded after exit, so that
+        the next placement for it with the same range, file and weights moves and hashes
+        nothing (kept.py; free it with kept.free(owner)). `restore_released=False`: leave
+        the released local tensors on meta at exit (a throwaway copy of the module, such
+        as runtime/engine/shadow.py's: nothing reads them again)."""
         if not isinstance(worker, RemoteDevice):
             raise PlacementError(f"worker must be a remote device from a Cluster, e.g. "
                                  f"cluster['w1.cpu'], not {worker!r}")
@@ -68,7 +77,9 @@ class RemoteRange:
         self.release = release
         self.inputs = inputs
         self.timeout_s = float(timeout_s or worker.timeout_s)
+        self.keep_for, self.restore_released = keep_for, restore_released
         self._range_id = None
+        self.loading: dict = {}                   # what entry read, hashed and moved
         self._forwards: List[object] = []
         self._released: List[tuple] = []
         self._keys: Dict[str, str] = {}
@@ -81,20 +92,19 @@ class RemoteRange:
 
     # -- entry: prove the same weights, load there, take over the forwards -------------
     def __enter__(self) -> "RemoteRange":
-        wf = rangefile.open_safetensors(self.file)
-        try:
-            loaded = self._check_local_equals_file(wf)
-            digest = rangefile.range_digest(wf, self._keys.values(), loaded)
-        finally:
-            wf.close()
-        link = self.worker.link
-        self._range_id = link.new_range_id()
-        link.request(dict({"op": "load", "range": self._range_id,
-                           "builder": self.builder_desc,
-                           "blocks": [n for n, _ in self.range], "keys": self._keys,
-                           "file": self.remote_file, "range_sha256": digest,
-                           "device": self.worker.device}, **rangefile.identity(self.file)),
-                     max(self.timeout_s, self.worker.load_timeout_s))
+        hashed_before = rangefile.DIGESTS.hashed_bytes
+        keys, proof = self._local_keys()
+        sig = signature(self.file)
+        request = json.dumps([self.builder_desc, [n for n, _ in self.range], keys,
+                              self.remote_file, self.worker.device, list(sig)],
+                             sort_keys=True, default=str)
+        # a file written a moment ago could change again unseen (digests.settled)
+        kept = None if self.keep_for is None or not settled(sig) else \
+            kept_ranges.find(self.worker.link, self.keep_for, self.worker.name)
+        if not (kept is not None and kept.request == request and kept.proven == proof and
+                self._still_held(kept, keys)):
+            self._load(keys, proof, request, kept)
+        self.loading["main_hashed_bytes"] = rangefile.DIGESTS.hashed_bytes - hashed_before
         try:
             for k, (_, block) in enumerate(self.range):
                 self._forwards.append(ForwardOverride(block, functools.partial(self._call, k)))
@@ -110,7 +120,72 @@ class RemoteRange:
             raise
         return self
 
-    def _check_local_equals_file(self, wf) -> Dict[str, torch.Tensor]:
+    def _local_keys(self) -> Tuple[Dict[str, str], Dict[str, tuple]]:
+        """The file key of each block tensor, and where the local ones' values are."""
+        keys, proof = {}, {}
+        for name, block in self.range:
+            for qualified, t in builders.block_tensor_names(name, block).items():
+                keys[qualified] = self.key_map(qualified)
+                mark = kept_ranges.fingerprint(t)
+                if mark is not None:
+                    proof[qualified] = mark
+        return keys, proof
+
+    def _still_held(self, kept, keys: Dict[str, str]) -> bool:
+        """Ask the worker (nothing read or hashed on either side) whether it holds the
+        kept range from its file as it is now."""
+        reply = self.worker.link.request({"op": "check", "range": kept.range_id},
+                                         self.timeout_s)
+        if not reply.get("kept"):
+            self.loading["reloaded_because"] = str(reply.get("why", "not held"))
+            return False
+        self._range_id, self._keys = kept.range_id, dict(keys)
+        self.loading.update(kept=True, nbytes=int(reply.get("nbytes", kept.nbytes)),
+                            compared_bytes=0, read_bytes=0, hashed_bytes=0, moved_bytes=0)
+        return True
+
+    def _load(self, keys: Dict[str, str], proof: Dict[str, tuple], request: str,
+              kept) -> None:
+        """Prove the local blocks equal the file (unless the kept range proved these very
+        tensors for this file version) and have the worker load the range, replacing the
+        ranges kept on that device."""
+        same_file = kept is not None and \
+            json.loads(kept.request)[5] == list(signature(self.file))
+        # local tensors the kept range proved equal to this version of the file, where
+        # they were then: not compared again (a grown range compares its new blocks)
+        proven = {q for q, mark in proof.items()
+                  if same_file and kept.proven.get(q) == mark}
+        wf = rangefile.open_safetensors(self.file)
+        try:
+            loaded = self._check_local_equals_file(wf, proven)
+            self._keys = dict(keys)
+            digest = rangefile.range_digest(wf, self._keys.values(), loaded)
+        finally:
+            wf.close()
+        link = self.worker.link
+        replaces = kept_ranges.on_device(link, self.worker.name)
+        self._range_id = link.new_range_id()
+        reply = link.request(dict({"op": "load", "range": self._range_id,
+                                   "builder": self.builder_desc,
+                                   "blocks": [n for n, _ in self.range], "keys": self._keys,
+                                   "file": self.remote_file, "range_sha256": digest,
+                                   "device": self.worker.device, "replaces": replaces},
+                                  **rangefile.identity(self.file)),
+                             max(self.timeout_s, self.worker.load_timeout_s))
+        kept_ranges.forget(link, replaces)
+        self.loading.update(kept=False, nbytes=int(reply.get("nbytes", 0)),
+                            compared_bytes=sum(t.numel() * t.element_size()
+                                               for t in loaded.values()),
+                            **{k: int(reply.get(k, 0)) for k in
+                               ("read_bytes", "hashed_bytes", "moved_bytes")})
+        if self.keep_for is not None:
+            kept_ranges.remember(link, kept_ranges.KeptRange(
+                weakref.ref(self.keep_for), self.worker.name, self._range_id, request,
+                proof, self.loading["nbytes"]))
+
+    def _check_local_equals_file(self, wf, proven=()) -> Dict[str, torch.Tensor]:
+        """The file's values of the block tensors compared (those in `proven` only
+        looked up: they were compared before, where they still are)."""
         loaded = {}
         for name, block in self.range:
             for qualified, t in builders.block_tensor_names(name, block).items():
@@ -125,19 +200,18 @@ class RemoteRange:
                     raise PlacementError(f"{os.path.basename(self.file)}: {key!r} is "
                                          f"{entry[0]} {list(entry[1])}, the module has "
                                          f"{t.dtype} {list(t.shape)}")
+                self._keys[qualified] = key
+                # a module on the meta device (params=disk) holds no value of its own:
+                # both sides read the same file, checked by the hashes; it stays meta
+                if qualified in proven or t.device.type == "meta":
+                    continue
                 if key not in loaded:
                     loaded[key] = rangefile.read_tensor(wf, key)
-                if t.device.type == "meta":
-                    # a module on the meta device (params=disk) holds no value of its own:
-                    # both sides read the same file, checked by the hashes; it stays meta
-                    self._keys[qualified] = key
-                    continue
                 if not _same_bits(t, loaded[key]):
                     raise PlacementError(f"block tensor {qualified!r} differs from "
                                          f"{os.path.basename(self.file)}: the worker would "
                                          f"compute with other weights (a fused LoRA or "
                                          f"another file?); pass the file the model holds")
-                self._keys[qualified] = key
         return loaded
 
     def _release_local(self) -> None:
@@ -195,13 +269,20 @@ class RemoteRange:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        if self._released:
+        restored = bool(self._released) and self.restore_released
+        if restored:
             try:
                 self._restore_released()
             except Exception as err:               # noted; the first error wins
                 errors.append(err)
         link = self.worker.link
-        if self._range_id is not None and link.broken is None:
+        entry = None if self.keep_for is None else \
+            kept_ranges.find(link, self.keep_for, self.worker.name)
+        kept = entry is not None and entry.range_id == self._range_id
+        if kept and restored and not errors:
+            entry.proven = self._local_keys()[1]   # restored from the proven file version
+        self._released = []
+        if self._range_id is not None and link.broken is None and not kept:
             try:
                 link.request({"op": "unload", "range": self._range_id}, self.timeout_s)
             except PlacementError as err:
@@ -230,7 +311,8 @@ class RemoteRange:
                 "round_trips": c["round_trips"], "forwards": c["forwards"],
                 "chained": self._calls.chained,
                 "links": {f"{local}->{remote}": {"hops": c["round_trips"], "bytes": c["to"]},
-                          f"{remote}->{local}": {"hops": c["round_trips"], "bytes": c["back"]}}}
+                          f"{remote}->{local}": {"hops": c["round_trips"], "bytes": c["back"]}},
+                "loading": dict(self.loading)}
 
 
 def remote_range(module: nn.Module, blocks: Tuple[int, int], worker: RemoteDevice, file: str,
@@ -239,5 +321,6 @@ def remote_range(module: nn.Module, blocks: Tuple[int, int], worker: RemoteDevic
     kwargs) for a module that is not a diffusers model), block_names, remote_file (the
     path under the worker's models folder; default the file's name), release (default
     True), chain (one round trip per range after a first learning forward; default
-    True), timeout_s (default the cluster's)."""
+    True), timeout_s (default the cluster's), keep_for (keep the range loaded for that
+    object between placements) and restore_released (default True)."""
     return RemoteRange(module, blocks, worker, file, **options)

@@ -26,6 +26,8 @@ from . import group as groups, wire
 from .auth import refuse, worker_handshake, worker_hello
 from .builder import DEFAULT_ALLOWED
 from .chain import run_chain
+from .digests import settled, signature
+from .held import HeldTensors
 from .loaded import LoadedRange
 from .offered import OfferedDevices
 from .own_figures import OwnFigures
@@ -205,6 +207,7 @@ class Worker:
 
     def _requests(self, sock: socket.socket, peer: str) -> None:
         ranges: Dict[int, LoadedRange] = {}
+        held = HeldTensors()          # the ranges' tensors, kept until the ranges go
         group = None
         try:
             join = self._next_request(sock, self.main_timeout_s)
@@ -229,23 +232,20 @@ class Worker:
                     continue
                 try:
                     if op == "load":
-                        r = LoadedRange(self.offered.load_request(request), self.models_dir,
-                                        self.allowed)
-                        self.offered.admit(request, r.nbytes)
-                        ranges[int(request["range"])] = r
-                        as_ = f" for simulated {request.get('device')}" \
-                            if self.offered.simulated is not None else ""
-                        _log(f"loaded {r.path} blocks {request['blocks'][0]}.."
-                             f"{request['blocks'][-1]} ({r.nbytes} bytes) on {r.device}{as_}")
+                        reply = self._load(request, ranges, held)
+                    elif op == "check":
+                        reply = self._check(request, ranges)
                     elif op == "unload":
-                        ranges.pop(int(request["range"]), None)
-                        self.offered.release(int(request["range"]))
+                        gone = ranges.pop(int(request["range"]), None)
+                        held.drop_range(int(request["range"]))
+                        if gone is not None:
+                            _log(f"freed {gone.path} blocks {gone.span} on {gone.device}")
+                        reply = {}
                     elif op == "figures":    # free memory now, peaks (own_figures.py)
-                        wire.send_message(sock, self.own.answer(request, ranges))
-                        continue
+                        reply = self.own.answer(request, ranges, held)
                     else:
                         raise PlacementError(f"unknown request {op!r}")
-                    wire.send_message(sock, {"ok": True})
+                    wire.send_message(sock, dict(reply, ok=True))
                 except wire.LinkLost:
                     raise
                 except Exception as exc:         # e.g. out of memory: say so, stay joined
@@ -259,9 +259,54 @@ class Worker:
             _log(f"{peer} lost: {exc}")
         finally:
             ranges.clear()
-            self.offered.release_all()
+            held.clear()
             if group is not None:
                 groups.close_group(group)
+
+    def _load(self, request: dict, ranges: Dict[int, LoadedRange],
+              held: HeldTensors) -> dict:
+        """Load a range, taking what ranges held already hold; the ranges it replaces
+        (`replaces`: the main's ranges it no longer needs) go once it is loaded."""
+        range_id, name = int(request["range"]), str(request.get("device", "cpu"))
+        replaces = {int(r) for r in request.get("replaces", ())} - {range_id}
+        before = held.bytes_on(name, without=replaces)
+        r = LoadedRange(self.offered.load_request(request), self.models_dir, self.allowed,
+                        held, range_id, held_as=name)
+        after = held.bytes_on(name, without=replaces)
+        try:
+            self.offered.admit(name, after, after - before)
+        except PlacementError:
+            held.drop_range(range_id)
+            raise
+        for old in replaces:
+            ranges.pop(old, None)
+            held.drop_range(old)
+        ranges[range_id] = r
+        as_ = f" for simulated {name}" if self.offered.simulated is not None else ""
+        kept = r.nbytes - r.moved
+        _log(f"loaded {r.path} blocks {r.span} "
+             f"({r.nbytes} bytes) on {r.device}{as_}: {r.read} bytes read, {r.hashed} "
+             f"hashed, {r.moved} moved" + (f", {kept} kept from ranges held" if kept
+                                           else ""))
+        return {"read_bytes": r.read, "hashed_bytes": r.hashed, "moved_bytes": r.moved,
+                "nbytes": r.nbytes}
+
+    @staticmethod
+    def _check(request: dict, ranges: Dict[int, LoadedRange]) -> dict:
+        """Is the range still held, from its file as it is now? Nothing read or hashed:
+        the file's signature (digests.py) says whether it changed."""
+        r = ranges.get(int(request["range"]))
+        if r is None:
+            return {"kept": False, "why": "not held"}
+        try:                        # see digests.settled: a just-written file is re-read
+            changed = signature(r.path) != r.sig or not settled(r.sig)
+        except OSError:
+            changed = True
+        if changed:
+            return {"kept": False, "why": f"{os.path.basename(r.path)} changed on the worker"}
+        _log(f"kept {r.path} blocks {r.span} ({r.nbytes} bytes) on "
+             f"{r.device} for the next run: no weight moved, nothing hashed")
+        return {"kept": True, "nbytes": r.nbytes}
 
     def _run(self, sock, group, request, ranges, timeout_s, backend) -> None:
         loaded = ranges.get(int(request.get("range", -1)))

@@ -67,6 +67,26 @@ def test_explicit_split_over_a_worker_equals_the_local_run(results):
     assert log.count("loaded ") >= 2
 
 
+def test_the_second_prompt_keeps_the_workers_range_loaded(results):
+    """Issue 33: the same MODEL sampled again moves no weight and hashes nothing, on
+    either side; the worker's log and the run's stats both say so."""
+    first = ok(results["explicit"])["session"]["stats"]["worker_loading"]["w1.cpu"]
+    assert first["kept"] is False and first["moved_bytes"] > 0
+    rec = ok(results["explicit_kept"])
+    loading = rec["session"]["stats"]["worker_loading"]["w1.cpu"]
+    assert loading == {"kept": True, "nbytes": first["nbytes"], "compared_bytes": 0,
+                       "read_bytes": 0, "hashed_bytes": 0, "moved_bytes": 0,
+                       "main_hashed_bytes": 0}
+    log = results["w1_log_kept"]
+    assert "no weight moved, nothing hashed" in log and "loaded " not in log
+    lines = results["kept_measured"]["lines"]
+    assert any(t.startswith("w1.cpu: blocks ") and "kept loaded from the last run" in t
+               for t in lines), lines
+    # ComfyUI unloading the model frees the worker's range
+    freed = results["w1_log_after_unload"][len(log):]
+    assert freed.count("freed ") == 1, freed
+
+
 def test_the_workers_own_peak_comes_back_beside_the_planned_bytes(results):
     """After the explicit split, the record the node draws its bars from holds the peak
     the worker measured of w1.cpu (the bytes of the range it held: a cpu has no allocator

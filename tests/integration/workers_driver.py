@@ -167,6 +167,19 @@ async def scenarios(executor, work):
     # what the node was sent after the run: the worker's own peak beside the planned bytes
     RESULTS["explicit_measured"] = [d for e, d in server.PromptServer.instance.messages
                                     if e == "placement.measured"]
+    # the same placed MODEL sampled again (another seed: only the sampler runs again):
+    # the worker's range stays loaded, nothing moved or hashed on either side
+    again = split(workers, "explicit_kept")
+    again["6"]["inputs"]["seed"] = 4
+    RESULTS["w1_log_before_kept"] = w1.logs()
+    await run(executor, "explicit_kept", again)
+    RESULTS["w1_log_kept"] = w1.logs()[len(RESULTS["w1_log_before_kept"]):]
+    RESULTS["kept_measured"] = [d for e, d in server.PromptServer.instance.messages
+                                if e == "placement.measured"][-1]
+    # ComfyUI unloads its models (the "free" route's unload): the range goes with them
+    import comfy.model_management as mm
+    mm.unload_all_models()
+    RESULTS["w1_log_after_unload"] = w1.logs()[len(RESULTS["w1_log_before_kept"]):]
     # the next prompt, every node executed again (a fresh cache): the worker is reused
     await run(new_executor(), "explicit_again", split(workers, "explicit_again"),
               "reference")

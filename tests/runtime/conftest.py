@@ -109,3 +109,23 @@ def plan_for():
 @pytest.fixture
 def run_model():
     return run
+
+
+@pytest.fixture
+def workers(tmp_path):
+    """start(models, **options): a real worker subprocess on loopback
+    (test_distributed.WorkerProcess), its log printed and the process stopped at the end."""
+    import signal
+    from test_distributed import WorkerProcess
+    started = []
+
+    def start(models, **kw):
+        w = WorkerProcess(models, tmp_path, name=f"w{len(started) + 1}", **kw)
+        started.append(w)
+        return w
+    yield start
+    for w in started:
+        if w.proc.poll() is None:
+            w.proc.send_signal(signal.SIGCONT)
+        print(f"--- worker {w.name} log ---\n{w.logs()}")   # pytest shows it on failure
+        w.stop()

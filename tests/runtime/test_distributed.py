@@ -48,22 +48,6 @@ class WorkerProcess:
         self.log.close()
 
 
-@pytest.fixture
-def workers(tmp_path):
-    started = []
-
-    def start(models, **kw):
-        w = WorkerProcess(models, tmp_path, name=f"w{len(started) + 1}", **kw)
-        started.append(w)
-        return w
-    yield start
-    for w in started:
-        if w.proc.poll() is None:
-            w.proc.send_signal(signal.SIGCONT)
-        print(f"--- worker {w.name} log ---\n{w.logs()}")   # pytest shows it on failure
-        w.stop()
-
-
 def flux(tmp_path, seed=0):
     from diffusers import FluxTransformer2DModel
     from safetensors.torch import save_file

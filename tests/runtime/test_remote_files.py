@@ -12,6 +12,7 @@ from comfyui_placement.placement.errors import PlacementError
 from comfyui_placement.runtime.distributed import builder, rangefile
 from comfyui_placement.runtime.distributed.ggufrange import GGUFRangeFile, read_table
 from comfyui_placement.runtime.distributed.loaded import LoadedRange
+from comfyui_placement.runtime.distributed.held import HeldTensors
 from comfyui_placement.runtime.gguf import GGUFTensors
 from comfyui_placement.runtime.gguf.write import write_gguf
 
@@ -236,7 +237,7 @@ def test_a_loaded_gguf_range_keeps_the_slots_class_and_bytes(tmp_path):
     _gguf(path)
     keys = {k: k for k in KINDS if k.startswith("blocks.1.")}
     request, loaded = _request(path, "diffusion_models/t.gguf", ["blocks.1"], keys)
-    r = LoadedRange(request, str(models), (THIS + ".",))
+    r = LoadedRange(request, str(models), (THIS + ".",), HeldTensors(), 1)
     block = r.blocks[0]
     q = block.q.weight
     assert type(q) is Tagged and isinstance(q, nn.Parameter) and q.tensor_type == "Q8_0"
@@ -248,7 +249,7 @@ def test_a_loaded_gguf_range_keeps_the_slots_class_and_bytes(tmp_path):
     assert r.nbytes == sum(t.numel() * t.element_size() for t in loaded.values())
     bad = dict(request, range_sha256="0" * 64)
     with pytest.raises(PlacementError, match="range's bytes hash differently"):
-        LoadedRange(bad, str(models), (THIS + ".",))
+        LoadedRange(bad, str(models), (THIS + ".",), HeldTensors(), 2)
     more = dict(request, keys=dict(keys, **{"blocks.1.extra": "blocks.0.b"}))
     with pytest.raises(PlacementError, match="no 'blocks.1.extra' that the main"):
-        LoadedRange(more, str(models), (THIS + ".",))
+        LoadedRange(more, str(models), (THIS + ".",), HeldTensors(), 3)

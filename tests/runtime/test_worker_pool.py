@@ -114,3 +114,34 @@ def test_a_refused_worker_is_not_asked_again_at_once(monkeypatch):
     finally:
         listener.close()
         pool.close_all()
+
+
+def test_a_worker_whose_backlog_is_full_is_one_line_at_the_join_deadline(monkeypatch):
+    """An address that neither accepts nor refuses (a listening socket with a full
+    backlog: the connection's SYN is never answered) costs the join its deadline, then
+    one line; never a hang."""
+    monkeypatch.setenv(SECRET_ENV, "loopback-secret")
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(0)
+        port = srv.getsockname()[1]
+        fillers = []
+        try:
+            for _ in range(8):                # more than the kernel's minimum backlog
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", port))
+                fillers.append(s)
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            w = pool.join_workers(f"w9=127.0.0.1:{port}", secret_env=SECRET_ENV,
+                                  connect_timeout_s=2.0)
+            took = time.monotonic() - t0
+        finally:
+            for s in fillers:
+                s.close()
+            pool.close_all()
+    assert 1.5 < took < 4.0, took
+    line = w.unreachable["w9"]
+    assert "\n" not in line and line.startswith(f"worker w9 (127.0.0.1:{port}):")
+    assert "timed out" in line

@@ -18,6 +18,10 @@ the MODEL that:
   that copy is pageable the module's tensors are pointed into it (one copy in RAM). It
   is dropped when ComfyUI unloads the model (ON_DETACH with unpatch_all: free_memory,
   unload_all_models) and when a placement that streams other blocks opens on the module.
+- keeps a worker's block range loaded across runs the same way (runtime/distributed/
+  kept.py): a second run with the same range, file and weights moves and hashes nothing
+  (stats "worker_loading"); the ranges go when ComfyUI unloads the model or a plan
+  stops naming that worker device.
 
 ComfyUI's memory manager sees the device memory of the placement through one stand-in
 patcher per device, an additional model of the clone (claims.py): it frees room for it
@@ -40,6 +44,7 @@ import comfy.patcher_extension as ext
 from ....placement.errors import PlacementError
 from ....placement.report import short_bytes
 from ...engine.fallbacks import describe, make
+from ...distributed.kept import free as free_kept
 from ...engine.shadow import Shadow
 from ...host.hoststore import drop_store, store_for
 from ...place import place
@@ -161,6 +166,7 @@ class SamplingSession:
         # collected clone (ModelPatcher.__del__).
         if unpatch_all:
             drop_store(patcher.model.diffusion_model)
+            free_kept(patcher.model.diffusion_model)    # and its ranges on workers
 
     def on_deepclone_multigpu(self, patcher, clone):
         # Core's MultiGPU CFG Split runs a full copy per GPU on threads; they would share
@@ -185,20 +191,26 @@ class SamplingSession:
 
     def place_options(self, module) -> dict:
         """runtime.place options every placement of `module` needs (params disk: the file;
-        worker ranges: the workers, the builder and the file)."""
+        worker ranges: the workers, the builder and the file, kept loaded for `module`
+        between runs; the copy's released block tensors are not read back, the copy goes
+        at close)."""
+        remote = dict(self.remote_options)
+        if remote:
+            remote.update(keep_for=module, restore_released=False)
         if self.plan.components[self.component].params != "disk":
-            return dict(self.remote_options)
+            return remote
         if not self.weights_file:
             raise PlacementError(f"{self.component}: params disk needs the model's file "
                                  f"and this MODEL does not come from a core loader "
                                  f"that records it (Load Diffusion Model, Load "
                                  f"Checkpoint); use params cpu")
         return dict({"weights_file": self.weights_file,
-                     "key_map": file_key_map(self.weights_file, module)},
-                    **self.remote_options)
+                     "key_map": file_key_map(self.weights_file, module)}, **remote)
 
     def open(self, module) -> None:
         options = self.place_options(module)
+        if not self.remote_options:       # ranges kept for `module` by an earlier plan go
+            free_kept(module)
         cp = self.plan.components[self.component]
         if cp.parallel == "pipeline":        # shares cut transformer_options by meaning
             options["cut_inputs"] = cut_comfy_inputs
