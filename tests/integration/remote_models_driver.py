@@ -227,7 +227,9 @@ def place_case(cluster, files, key, inv):
 class Worker:
     def __init__(self, name, models, work):
         self.name = name
-        self.log = open(os.path.join(work, f"{name}.log"), "a+")  # appends: seek(0) never moves its writes
+        # the worker's stderr; read through a file of our own (logs()): a read through
+        # this one would move the offset its writes share
+        self.log = open(os.path.join(work, f"{name}.log"), "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "comfyui_placement", "worker", "--listen", "127.0.0.1:0",
              "--models", models, "--secret-env", SECRET_ENV, "--comfyui", ARGS.comfyui],
@@ -241,8 +243,8 @@ class Worker:
         self.address = line.split()[-1]
 
     def logs(self):
-        self.log.seek(0)
-        return self.log.read()
+        with open(self.log.name) as own:
+            return own.read()
 
     def stop(self):
         if self.proc.poll() is None:

@@ -24,8 +24,9 @@ class WorkerProcess:
     def __init__(self, models, tmp_path, secret="loopback-secret", name="w", extra=()):
         env = dict(os.environ, **{SECRET_ENV: secret})
         self.name = name
-        # appends: our seek(0) never moves the writes of the worker sharing the file
-        self.log = open(tmp_path / f"{name}.log", "a+")
+        # the worker's stderr; read through a file of our own (logs()): a read through
+        # this one would move the offset its writes share
+        self.log = open(tmp_path / f"{name}.log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "comfyui_placement", "worker", "--listen", "127.0.0.1:0",
              "--models", str(models), "--secret-env", SECRET_ENV, *extra],
@@ -38,8 +39,8 @@ class WorkerProcess:
         self.address = line.split()[-1]
 
     def logs(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
+        with open(self.log.name) as own:
+            return own.read()
 
     def stop(self):
         if self.proc.poll() is None:

@@ -28,7 +28,9 @@ class Worker:
     def __init__(self, tmp_path, *options, name="w"):
         models = tmp_path / "models"
         models.mkdir(exist_ok=True)
-        self.log = open(tmp_path / f"{name}.log", "a+")  # appends: seek(0) never moves its writes
+        # the worker's stderr; read through a file of our own (logs()): a read through
+        # this one would move the offset its writes share
+        self.log = open(tmp_path / f"{name}.log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "comfyui_placement", "worker", "--listen", "127.0.0.1:0",
              "--models", str(models), "--secret-env", SECRET_ENV, *options],
@@ -44,8 +46,8 @@ class Worker:
         self.host, self.port = host, int(port)
 
     def logs(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
+        with open(self.log.name) as own:
+            return own.read()
 
     def wait_log(self, pattern: str, timeout_s: float, count: int = 1) -> float:
         """Seconds until `pattern` (a regex) is in the log `count` times."""
