@@ -9,6 +9,7 @@ the request and decides only what was left unset; the offload presets of SD.Next
   option.py    the common core of a priced placement   context.py  what kinds price with
   search.py    compares and chooses                    depth.py    the ring's depth
   report.py    the plan and its reasons                failure.py  why nothing fits
+  floors.py    the leaves the search need not price
 docs/autofit.md explains the passes, the cost model and the report.
 """
 from typing import Mapping, Optional

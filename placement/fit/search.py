@@ -19,10 +19,9 @@ memory can never make the predicted time worse.
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .context import FitContext
+from .floors import LeafFloors
 from .kinds import KINDS
 from .option import PHASE_ORDER, Option
-
-_EPS = 1e-12
 
 
 class PersistentRoom:
@@ -47,8 +46,9 @@ class PersistentRoom:
         return self.free[d] - self.extra[self.phase][d]
 
 
-class Search(FitContext):
-    """One fit: compares the kinds' candidates and keeps the fastest plan that fits."""
+class Search(LeafFloors, FitContext):
+    """One fit: compares the kinds' candidates and keeps the fastest plan that fits
+    (leaves that lose by their floor are not priced: floors.py)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -65,7 +65,12 @@ class Search(FitContext):
                            extra: List[List[int]]) -> List[Option]:
         """Placements of `c` whose weights stay on GPUs for the session, given what the
         other persistent components already hold (`persist` in every phase, `extra` per
-        phase: their working memory); cheapest first."""
+        phase: their working memory); cheapest first. Asked again for the same room
+        (the DFS's first choices, in the room lower_bounds priced) from the memo."""
+        return self.memo(("persistent", c, tuple(persist), tuple(map(tuple, extra))),
+                         lambda: self._persistent(c, persist, extra))
+
+    def _persistent(self, c: str, persist: List[int], extra: List[List[int]]) -> List[Option]:
         room = PersistentRoom(self, c, persist, extra)
         out: List[Option] = []
         for kind in self._kinds(c):
@@ -105,7 +110,7 @@ class Search(FitContext):
     def run(self):
         """The best leaf: (key, {comp: Option}, usage) or None when nothing fits."""
         self.lbs = self.lower_bounds()
-        self.best = None
+        self.init_floors()
         if any(lb == float("inf") for lb in self.lbs.values()):
             return None
         persist = [0] * self.G
@@ -113,18 +118,20 @@ class Search(FitContext):
             if rule.params_elsewhere:
                 persist[self.gidx[rule.params]] += self.geos[c].total
         extra = [[0] * self.G for _ in PHASE_ORDER]
+        if all(r.floating or r.params_elsewhere for r in self.rules.values()):
+            self.turns = ([*persist], [[*e] for e in extra])
         self._dfs(0, persist, extra, {}, [], 0.0)
+        self.finish()
         return self.best
 
     def _dfs(self, i: int, persist, extra, fixed: Dict[str, Option], floating: List[str],
              spent: float):
         """`spent`: cost of the persistent choices plus a lower bound for each component
         already set to take turns (its best in today's room: rooms only shrink deeper)."""
-        rest = spent + sum(self.lbs[c] for c in self.comps[i:])
-        if self.best is not None and rest > self.best[0][0] * (1 + 1e-9) + _EPS:
+        if self.cut(spent + sum(self.lbs[c] for c in self.comps[i:])):
             return
         if i == len(self.comps):
-            self._leaf(persist, extra, fixed, floating)
+            self.leaf(persist, extra, fixed, floating)
             return
         c = self.comps[i]
         for o in self.persistent_options(c, persist, extra):
@@ -150,8 +157,8 @@ class Search(FitContext):
             self._dfs(i + 1, persist, extra, fixed, floating, spent + now)
             floating.pop()
 
-    def _leaf(self, persist, extra, fixed, floating):
-        self.leaves += 1
+    def _evaluate(self, persist, extra, fixed, floating):
+        """One leaf priced: (key, {comp: Option}, usage), or None when it does not fit."""
         chosen: Dict[str, Option] = dict(fixed)
         for p in range(len(PHASE_ORDER)):
             comps = tuple(c for c in floating if self.phase_of[c] == p)
@@ -159,21 +166,20 @@ class Search(FitContext):
                 continue
             rooms = tuple(self.budget[d] - persist[d] - extra[p][d] for d in range(self.G))
             if min(rooms, default=0) < 0:
-                return
+                return None
             best = self._phase(p, comps, rooms)
             if best is None:
-                return
+                return None
             for o in best[1]:
                 chosen[o.comp] = o
         if any(self.budget[d] - persist[d] - extra[p][d] < 0
                for p in range(len(PHASE_ORDER)) for d in range(self.G)):
-            return
+            return None
         chosen = self._host(chosen)
         if chosen is None:
-            return
+            return None
         key, usage = self._score(chosen)
-        if self.best is None or key < self.best[0]:
-            self.best = (key, chosen, usage)
+        return key, chosen, usage
 
     def _phase(self, p: int, comps: Tuple[str, ...], rooms: Tuple[int, ...]):
         """The cheapest turn-taking placements of one phase's components in `rooms`."""

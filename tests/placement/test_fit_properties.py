@@ -138,7 +138,6 @@ def recount(plan, infos):
                 add(dev, hr, phase)
         elif cp.stream is not None:
             k, depth = cp.stream.resident_blocks, cp.stream.prefetch_depth
-            streamed = len(sizes) - k
             slots = ring(sizes[k:], depth)
             assert cp.resident_bytes == non_block + sum(sizes[:k])
             assert cp.streamed_bytes == sum(sizes[k:])

@@ -1,7 +1,7 @@
 """What a kind of placement answers. One module per kind (this folder) subclasses `Kind`
 and registers one instance in kinds/__init__.py; the search asks every kind for its
 candidates and compares them, the report asks the chosen one for its lines."""
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ...room import margin_for
 from ...units import format_bytes as fmt
@@ -25,6 +25,12 @@ class Kind:
         """Placements that take turns: on GPUs only while c's phase runs, in `rooms`
         (bytes free per GPU then)."""
         return []
+
+    def floor(self, ctx, c: str, rooms, offered) -> Optional[float]:
+        """A cost no placement floating() offers in `rooms` goes below (inf: it offers
+        none), found without pricing them; None: no such shortcut, floating() is priced.
+        The search floors a leaf with it before pricing the leaf (fit/floors.py)."""
+        return None
 
     # -- host RAM -----------------------------------------------------------------------
     def to_disk(self, ctx, o, over: int):

@@ -116,6 +116,13 @@ class LayerSplitKind(Kind):
     def floating(self, ctx, c, rooms, offered) -> List[Option]:
         return split_candidates(ctx, self, c, "layer", rooms, False, offered)
 
+    def floor(self, ctx, c, rooms, offered) -> Optional[float]:
+        """inf when every GPU with room beside the working memory holds less than the
+        weights, all together (no device set splits them); else the splits are priced."""
+        geo = ctx.geos[c]
+        held = sum(r - geo.headroom for r in rooms if r > geo.headroom)
+        return float("inf") if held < geo.total else None
+
     def split(self, ctx, c, devs, caps, persistent, source) -> Optional[Option]:
         ranges = ctx.memo(("layer_ranges", c, tuple(caps)),
                           lambda: layer_ranges(ctx.geos[c], caps))

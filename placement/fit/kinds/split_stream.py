@@ -9,6 +9,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ...plan import StreamPlan
 from ...units import format_bytes as fmt
+from ..costs import STREAM_OVERLAP
 from ..geometry import Geometry, nearest
 from ..option import Option, ring_stall, streamed_forward
 from .base import Kind, network_line, per, size_line
@@ -61,13 +62,20 @@ def stream_spans(geo: Geometry, caps: Sequence[int], streaming: int
 
 def deepest_fitting(geo: Geometry, caps: Sequence[int], spans, top: int) -> Optional[int]:
     """The deepest ring, from `top` down, at which every device of `spans` holds its
-    range: whole, or streamed through its ring (price_spans' own test, asked once per
-    depth before anything is priced)."""
-    rooms = [cap - (geo.non_block if j == 0 else 0) for j, cap in enumerate(caps)]
-    for depth in range(top, -1, -1):
-        if all(geo.range_fits(a, b, room, depth) for (a, b), room in zip(spans, rooms)):
-            return depth
-    return None
+    range: whole, or streamed through its ring (price_spans' own test, asked before
+    anything is priced). A ring holds depth + 1 consecutive blocks, so one that fits
+    fits at every shallower depth: each device only lowers the depth the ones before
+    it left."""
+    depth = top
+    if depth < 0:
+        return None
+    for j, (a, b) in enumerate(spans):
+        room = caps[j] - (geo.non_block if j == 0 else 0)
+        while not geo.range_fits(a, b, room, depth):
+            depth -= 1
+            if depth < 0:
+                return None
+    return depth
 
 
 def price_spans(ctx, kind, c: str, devs: List[int], caps: List[int], spans, depth: int,
@@ -107,9 +115,7 @@ def price_spans(ctx, kind, c: str, devs: List[int], caps: List[int], spans, dept
         resident_total += nb + resident
         streamed_total += streamed
         nb = 0
-    comm = ctx.memo(("ring hops", tuple(names), w.activation_bytes), lambda: sum(
-        ctx.model.hop_s(w.activation_bytes, names[j], names[(j + 1) % len(names)])
-        for j in range(len(names))))
+    comm = ring_hops(ctx, c, names)
     detail = SpanDetail([(a, b - 1) for a, b in spans], per_device,
                         sum(k for k, _ in per_device.values()), depth, layout)
     o = Option(c, kind, names, w.runs, ctx.phase_of[c], source, detail)
@@ -122,6 +128,44 @@ def price_spans(ctx, kind, c: str, devs: List[int], caps: List[int], spans, dept
     o.load_s = resident_total / min(bws)
     o.host_persist = geo.total if source == "cpu" else 0
     return o.priced()
+
+
+def ring_hops(ctx, c: str, names: List[str]) -> float:
+    """Seconds per forward of c's activations going round `names` and back."""
+    act = ctx.work[c].activation_bytes
+    return ctx.memo(("ring hops", tuple(names), act), lambda: sum(
+        ctx.model.hop_s(act, names[j], names[(j + 1) % len(names)])
+        for j in range(len(names))))
+
+
+def spans_floor(ctx, c: str, devs: List[int], caps: List[int], spans, depth: int,
+                source: str) -> float:
+    """A cost price_spans never goes below for these spans, found without any device's
+    prefix: a device whose range does not fit its room streams at least what the room
+    lacks plus the range's last depth + 1 blocks (the ring holds depth + 1 streamed
+    blocks at once; fewer streamed would all be in it, and the range would fit), at no
+    stall. A streamed byte costs runs x (1 - overlap) / its link per generation and
+    saves 1 / the slowest link of loading: when that nets positive, the fewest bytes
+    streamed is the cheapest, else loading is bounded by all of them streamed."""
+    geo, w = ctx.geos[c], ctx.work[c]
+    bws = [ctx.model.source_bandwidth(ctx.gpus[d], source) for d in devs]
+    prefix, nb = geo.prefix, geo.non_block
+    fwd, least, most = 0.0, 0, 0
+    for j, (d, (a, b)) in enumerate(zip(devs, spans)):
+        held = prefix[b] - prefix[a]
+        compute = ctx.compute_s(c, (nb + held) / (geo.total or 1), d)
+        lack = held - (caps[j] - nb)
+        if lack <= 0:
+            fwd += compute
+        else:
+            streamed = min(held, lack + prefix[b] - prefix[max(a, b - depth - 1)])
+            fwd += streamed_forward(compute, streamed / bws[j], depth, 1)
+            least += streamed
+            most += held
+        nb = 0
+    fewest = w.runs * (1 - STREAM_OVERLAP) * min(bws) >= max(bws)
+    comm = ring_hops(ctx, c, [ctx.gpus[d] for d in devs])
+    return w.runs * (fwd + comm) + (geo.total - (least if fewest else most)) / min(bws)
 
 
 def spans_to_plan(o, cp) -> None:
@@ -156,28 +200,41 @@ class SplitStreamKind(Kind):
         """Too big for every device set a resident split was tried on: stream over all
         of them (most room, most links; a hop costs about a millisecond), with all, half,
         or the last few GPUs streaming."""
+        out = []
+        for devs, caps, streaming, spans, depth in self.layouts(ctx, c, rooms, offered):
+            o = self.spans(ctx, c, devs, caps, depth, ctx.source(c), streaming, spans)
+            if o is not None:
+                out.append(o)
+        return out
+
+    def floor(self, ctx, c, rooms, offered) -> float:
+        """The lowest of the layouts' floors (spans_floor), none of them priced."""
+        return min((spans_floor(ctx, c, devs, caps, spans, depth, ctx.source(c))
+                    for devs, caps, _, spans, depth in self.layouts(ctx, c, rooms, offered)),
+                   default=float("inf"))
+
+    def layouts(self, ctx, c, rooms, offered):
+        """(devices, caps, streaming devices, spans, depth) of each layout floating()
+        prices: over every GPU with room, the spans the same at every depth, at the
+        deepest ring that fits them."""
         rule, geo = ctx.rules[c], ctx.geos[c]
         if not (rule.split_stream and rule.float_split) or not ctx.may_split(c, offered) \
                 or any(o.kind.decision == "split" for o in offered):
-            return []
+            return
         sets = [devs for devs in ctx.split_sets(c, rooms)
                 if not ctx.remote.intersection(devs)]
         if not sets:
-            return []
+            return
         devs = sets[-1]
         caps = [rooms[d] - geo.headroom for d in devs]
         k = len(devs)
-        out = []
         for streaming in sorted({k, (k + 1) // 2, 3, 2, 1} & set(range(1, k + 1)),
                                 reverse=True):
-            spans = stream_spans(geo, caps, streaming)      # the same at every depth
+            spans = stream_spans(geo, caps, streaming)
             depth = None if spans is None else deepest_fitting(geo, caps, spans,
                                                                ctx.depth_for(c))
             if depth is not None:
-                o = self.spans(ctx, c, devs, caps, depth, ctx.source(c), streaming, spans)
-                if o is not None:
-                    out.append(o)
-        return out
+                yield devs, caps, streaming, spans, depth
 
     def spans(self, ctx, c, devs, caps, depth, source, streaming, spans) -> Optional[Option]:
         return ctx.memo(("split_stream", c, tuple(devs), tuple(caps), depth, source,

@@ -113,6 +113,26 @@ class StreamedKind(Kind):
                     out.append(stream_on(ctx, c, d, k, depth, source))
         return out
 
+    def floor(self, ctx, c, rooms, offered) -> float:
+        """On each GPU at least what its room lacks for the weights is streamed every
+        forward, at best overlapped (any depth, no stall, one streamed block's overhead),
+        the rest loaded once. A streamed byte costs runs x (1 - overlap) / link and saves
+        1 / link of loading: when that nets positive, the fewest streamed is the
+        cheapest, else loading is bounded by every block streamed."""
+        if not ctx.rules[c].stream:
+            return float("inf")
+        geo, w, source = ctx.geos[c], ctx.work[c], ctx.source(c)
+        blocks = geo.prefix[geo.n]
+        fewest = w.runs * (1 - STREAM_OVERLAP) >= 1
+        floor = float("inf")
+        for d in ctx.distinct_devices(c, rooms):
+            bw = ctx.model.source_bandwidth(ctx.gpus[d], source)
+            lack = min(blocks, max(0, geo.total - (rooms[d] - geo.headroom)))
+            cost = w.runs * streamed_forward(ctx.compute_s(c, 1.0, d), lack / bw, 1, 1) + \
+                (geo.total - (lack if fewest else blocks)) / bw
+            floor = min(floor, cost)
+        return floor
+
     def to_disk(self, ctx, o, over):
         """On disk, RAM first: the first streamed blocks stay in host RAM, as many as the
         bytes it may go on holding once `over` is freed."""
