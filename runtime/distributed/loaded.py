@@ -13,7 +13,7 @@ import torch
 
 from ...placement.errors import PlacementError
 from . import builder, rangefile
-from .digests import DIGESTS, FileDigests, digest_of, signature
+from .digests import DIGESTS, FileDigests, digest_of, settled, signature
 from .held import HeldTensors
 
 
@@ -48,6 +48,9 @@ class LoadedRange:
             raise PlacementError(f"{rel} differs from the main process's copy (size or "
                                  f"header hash); copy the same file to the worker")
         self.sig = signature(path)
+        # read a moment after the file was written: a change within the same timestamp
+        # tick would not move the signature, so the range is never kept (digests.py)
+        self.racy = not settled(self.sig)
         self.device = _torch_device(str(request.get("device", "cpu")))
         self.model = builder.build_on_meta(request["builder"], allowed, file=path)
         keys: Dict[str, str] = request["keys"]

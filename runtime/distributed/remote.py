@@ -98,8 +98,7 @@ class RemoteRange:
         request = json.dumps([self.builder_desc, [n for n, _ in self.range], keys,
                               self.remote_file, self.worker.device, list(sig)],
                              sort_keys=True, default=str)
-        # a file written a moment ago could change again unseen (digests.settled)
-        kept = None if self.keep_for is None or not settled(sig) else \
+        kept = None if self.keep_for is None else \
             kept_ranges.find(self.worker.link, self.keep_for, self.worker.name)
         if not (kept is not None and kept.request == request and kept.proven == proof and
                 self._still_held(kept, keys)):
@@ -178,7 +177,9 @@ class RemoteRange:
                                                for t in loaded.values()),
                             **{k: int(reply.get(k, 0)) for k in
                                ("read_bytes", "hashed_bytes", "moved_bytes")})
-        if self.keep_for is not None:
+        # kept only from a settled file: one written a moment ago could change again
+        # within its timestamp's tick, unseen by the next prompt's signature check
+        if self.keep_for is not None and settled(tuple(json.loads(request)[5])):
             kept_ranges.remember(link, kept_ranges.KeptRange(
                 weakref.ref(self.keep_for), self.worker.name, self._range_id, request,
                 proof, self.loading["nbytes"]))

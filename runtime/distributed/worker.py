@@ -26,7 +26,7 @@ from . import group as groups, wire
 from .auth import refuse, worker_handshake, worker_hello
 from .builder import DEFAULT_ALLOWED
 from .chain import run_chain
-from .digests import settled, signature
+from .digests import SETTLE_S, signature
 from .held import HeldTensors
 from .loaded import LoadedRange
 from .offered import OfferedDevices
@@ -298,12 +298,16 @@ class Worker:
         r = ranges.get(int(request["range"]))
         if r is None:
             return {"kept": False, "why": "not held"}
-        try:                        # see digests.settled: a just-written file is re-read
-            changed = signature(r.path) != r.sig or not settled(r.sig)
+        name = os.path.basename(r.path)
+        if r.racy:                    # see digests.settled
+            return {"kept": False,
+                    "why": f"{name} was read within {SETTLE_S:g} s of being written"}
+        try:
+            changed = signature(r.path) != r.sig
         except OSError:
             changed = True
         if changed:
-            return {"kept": False, "why": f"{os.path.basename(r.path)} changed on the worker"}
+            return {"kept": False, "why": f"{name} changed on the worker"}
         _log(f"kept {r.path} blocks {r.span} ({r.nbytes} bytes) on "
              f"{r.device} for the next run: no weight moved, nothing hashed")
         return {"kept": True, "nbytes": r.nbytes}

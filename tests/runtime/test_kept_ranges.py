@@ -215,3 +215,22 @@ def test_the_run_record_says_whether_the_range_was_kept():
         "w2.cpu: blocks 0..3 loaded (1.00 GiB; not kept: flux.safetensors changed on the "
         "worker): 1.00 GiB read, 0 B hashed, 1.00 GiB moved on the worker; 1.00 GiB "
         "compared with the file here"]
+
+
+def test_a_file_written_a_moment_ago_is_never_kept(tmp_path, workers):
+    """Within its timestamp's tick a file could change again under the same signature
+    (digests.settled): its range is loaded and unloaded, and hashed each time."""
+    from comfyui_placement.runtime.distributed import Cluster
+    model, inp, models, path = flux(tmp_path, seed=17)
+    soon = time.time() + 3600       # "just written" however slow this machine is today
+    os.utime(path, (soon, soon))
+    w = workers(models)
+    owner = Owner()
+    with Cluster(f"w1={w.address}", secret=SECRET, timeout_s=30) as cluster:
+        for _ in range(2):
+            with enter(model, (1, 4), cluster, path, owner) as rr:
+                pass
+            load = rr.stats()["loading"]
+            assert not load["kept"] and load["hashed_bytes"] == block_bytes(model, 1, 4)
+            assert kept.held(owner) == []
+    assert "kept " not in w.logs()
