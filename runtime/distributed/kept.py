@@ -33,6 +33,7 @@ class KeptRange:
     device: str                        # the worker device as the plan names it (w1.cpu)
     range_id: int
     request: str                       # what loaded it (remote.py's request key)
+    sig: tuple                         # the main's file signature then (digests.py)
     proven: Dict[str, Fingerprint] = field(default_factory=dict)
     nbytes: int = 0
 

@@ -102,7 +102,7 @@ class RemoteRange:
             kept_ranges.find(self.worker.link, self.keep_for, self.worker.name)
         if not (kept is not None and kept.request == request and kept.proven == proof and
                 self._still_held(kept, keys)):
-            self._load(keys, proof, request, kept)
+            self._load(keys, proof, request, sig, kept)
         self.loading["main_hashed_bytes"] = rangefile.DIGESTS.hashed_bytes - hashed_before
         try:
             for k, (_, block) in enumerate(self.range):
@@ -144,12 +144,11 @@ class RemoteRange:
         return True
 
     def _load(self, keys: Dict[str, str], proof: Dict[str, tuple], request: str,
-              kept) -> None:
+              sig: tuple, kept) -> None:
         """Prove the local blocks equal the file (unless the kept range proved these very
         tensors for this file version) and have the worker load the range, replacing the
         ranges kept on that device."""
-        same_file = kept is not None and \
-            json.loads(kept.request)[5] == list(signature(self.file))
+        same_file = kept is not None and kept.sig == sig
         # local tensors the kept range proved equal to this version of the file, where
         # they were then: not compared again (a grown range compares its new blocks)
         proven = {q for q, mark in proof.items()
@@ -179,10 +178,10 @@ class RemoteRange:
                                ("read_bytes", "hashed_bytes", "moved_bytes")})
         # kept only from a settled file: one written a moment ago could change again
         # within its timestamp's tick, unseen by the next prompt's signature check
-        if self.keep_for is not None and settled(tuple(json.loads(request)[5])):
+        if self.keep_for is not None and settled(sig):
             kept_ranges.remember(link, kept_ranges.KeptRange(
                 weakref.ref(self.keep_for), self.worker.name, self._range_id, request,
-                proof, self.loading["nbytes"]))
+                sig, proof, self.loading["nbytes"]))
 
     def _check_local_equals_file(self, wf, proven=()) -> Dict[str, torch.Tensor]:
         """The file's values of the block tensors compared (those in `proven` only
