@@ -82,13 +82,23 @@ class WorkMeter:
     def device_of(self, t: torch.Tensor):
         """The device index that computed `t`'s storage (None: not computed under the
         meter, an input or a weight)."""
-        hit = self._owner.get(storage_key(t))
+        return self.device_at(storage_key(t))
+
+    def device_at(self, key: int):
+        """The device index of the storage keyed `key` (None: not computed under the
+        meter). The key must be taken before this call: a storage freed but not yet
+        settled leaves its key here, and on the meta device the key is the storage
+        object's id, which the next storage object made (a forward input's, asked for
+        the first time) may reuse: its lookup would find the dead one's device."""
+        self.settle()
+        hit = self._owner.get(key)
         return None if hit is None else hit[0]
 
     def relocate(self, t: torch.Tensor, d: int) -> None:
         """`t`'s storage is on device d from now on (a hop's copy, allocated like its
         source): its bytes are charged there instead."""
         key = storage_key(t)
+        self.settle()                    # after the key is taken: see device_at
         with self._lock:
             hit = self._owner.get(key)
             if hit is None or hit[0] == d:
@@ -107,7 +117,7 @@ class WorkMeter:
         (an in-place operation or a view returns one of them: no new memory); `device`:
         where its operands are (the device check knows), else this thread's device."""
         d = self.device if device is None else device
-        self.settle()
+        made = []
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor):
                 continue
@@ -115,7 +125,9 @@ class WorkMeter:
                 storage = t.untyped_storage()
             except (RuntimeError, NotImplementedError):
                 continue
-            key, nbytes = storage_key(t), storage.nbytes()
+            made.append((storage, storage_key(t), storage.nbytes(), t))
+        self.settle()                   # after the keys are taken: see device_at
+        for storage, key, nbytes, t in made:
             if nbytes == 0 or key in input_keys:
                 continue
             with self._lock:

@@ -256,11 +256,9 @@ class _WhereOperandsAre(MeterMode):
         keys = [storage_key(t) for t in tensors]
         device = None
         if func not in FREE and not func.is_view:
-            owner = self.meter._owner
             for t, key in zip(tensors, keys):
-                hit = owner.get(key) if t.dim() else None      # scalars mix freely
-                if hit is not None:
-                    device = hit[0]
+                device = self.meter.device_at(key) if t.dim() else None  # scalars mix
+                if device is not None:
                     break
         out = plain_call(func, args, kwargs)
         self.meter.produced(out, set(keys), device)
@@ -293,8 +291,8 @@ class SplitHops:
         self.copies: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
 
     def where(self, t: torch.Tensor) -> int:
-        hit = self.meter._owner.get(storage_key(t))
-        return hit[0] if hit is not None else 0
+        d = self.meter.device_of(t)
+        return 0 if d is None else d
 
     def bring(self, x, d: int):
         def one(t):
