@@ -20,6 +20,7 @@ host buffers (pinning the module's storage as well would hold the weights twice)
 import torch
 
 from ....placement.errors import PlacementError
+from . import weight_hooks
 
 NOTHING = 1            # bytes: with this budget ComfyUI's load keeps every layer offloaded
 KEY = "placement"      # key of the engine's wrappers, callbacks and attachment
@@ -85,6 +86,7 @@ class EngineLoad:
         self._reshaped = self._patch_reshaping_weights(device_to)
         self._round_as_loaded()
         self._check_runtime_patches()
+        weight_hooks.install_slots(self)     # after ComfyUI's load laid the functions out
 
     def _round_as_loaded(self) -> None:
         """A patched weight is used as ComfyUI's full load stores it: ComfyUI patches a
@@ -173,3 +175,18 @@ class EngineLoad:
 
     def pin_weight_to_device(self, key):
         return None
+
+    # ComfyUI writes a hook's weight into the module in place, which the engine's
+    # copies never see: the engine applies it as the layer computes (weight_hooks.py)
+    def patch_hook_weight_to_device(self, hooks, combined_patches, key, original_weights,
+                                    memory_counter):
+        if key not in combined_patches:
+            return None
+        if weight_hooks.reads_resting_weights(self):
+            return super().patch_hook_weight_to_device(hooks, combined_patches, key,
+                                                       original_weights, memory_counter)
+        return weight_hooks.apply_hook(self, combined_patches, key, original_weights)
+
+    def unpatch_hooks(self, whitelist_keys_set=None):
+        weight_hooks.clear_hooks(self, whitelist_keys_set)
+        return super().unpatch_hooks(whitelist_keys_set)

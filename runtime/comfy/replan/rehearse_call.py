@@ -38,6 +38,7 @@ from ...engine.shadow import meta_tensor, structural_copy
 from ...measure.rehearse import input_like, rehearse, rehearse_split
 from ...split.layer import ranges_to_owner
 from ..patchers.patch_state import kept
+from ..patchers.weight_hooks import hooked_keys
 from ..sampling.skips import JoinsFollow, skip_follow_patch
 
 _COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # network -> copy
@@ -262,20 +263,27 @@ def lora_patch_bytes(patcher) -> int:
     LoRA (weight) patches to a temporary copy of the weight in its weight functions, which
     the meta rehearsal does not run. PATCH_TEMPORARIES copies of the weight in the
     compute dtype plus the patch's tensors brought to the device, for the largest patched
-    weight (layers compute one at a time)."""
+    weight (layers compute one at a time); a weight hook's patch (weight_hooks.py) is
+    applied before them, in float32: PATCH_TEMPORARIES float32 copies and its tensors."""
     patches = getattr(patcher, "patches", None) or {}
-    if not patches:
+    hooked = hooked_keys(patcher)
+    if not patches and not hooked:
         return 0
     import comfy.model_patcher as mp
     model = patcher.model
     most = 0
-    for key in patches:
+    for key in set(patches) | set(hooked):
         weight = mp.get_key_weight(model, key)[0]
         if weight is None:
             continue
         dtype = getattr(model, "manual_cast_dtype", None) or weight.dtype
-        need = weight.numel() * dtype.itemsize * PATCH_TEMPORARIES
-        need += mp.LowVramPatch(key, patches).memory_required()
+        need = 0
+        if key in patches:
+            need += weight.numel() * dtype.itemsize * PATCH_TEMPORARIES
+            need += mp.LowVramPatch(key, patches).memory_required()
+        if key in hooked:
+            need += weight.numel() * 4 * PATCH_TEMPORARIES
+            need += mp.LowVramPatch(key, hooked).memory_required()
         most = max(most, int(need))
     return most
 

@@ -53,6 +53,7 @@ from ..patchers.engine_patcher import engine_patcher_class, strip_engine
 from ..patchers.patch_errors import patches_must_apply
 from ..patchers.retarget import plain_clone
 from ..patchers.row_lora import row_lora_options
+from ..patchers.weight_hooks import install_slots
 from .cut import cut_comfy_inputs
 from .skips import with_skip_follow
 
@@ -127,6 +128,9 @@ class SamplingSession:
         if own is not None and base.diffusion_model is not own:
             return self.another_model(executor, base, args, kwargs)
         if self.placed is None:
+            patcher = getattr(base, "current_patcher", None)
+            if patcher is not None:     # before the copy: its layers share the slots
+                install_slots(patcher)
             self.open(base.diffusion_model)
         if self.placed.crosses_devices:     # a layer split: skips cross devices
             args, kwargs = with_skip_follow(args, kwargs, self.placed.follow)
