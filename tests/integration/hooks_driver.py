@@ -93,6 +93,16 @@ async def main():
     await run(ex, "layer_split", model_hook(cd.pipeline(
         backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
         tag="layer_split")), "hook_ref")
+    await run(ex, "batch_parallel", model_hook(cd.pipeline(
+        backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+        split_mode="diffusion=batch", tag="batch_parallel")), "hook_ref")
+    # a LoRA (Load LoRA) and a hook LoRA on top: ComfyUI fuses the LoRA, then writes the
+    # hook over it; the engine applies the hook, then the LoRA (the same sum, another order)
+    await run(ex, "lora_hook_ref", model_hook(cd.pipeline(
+        placed=False, lora="before", tag="lora_hook_ref")), "hook_ref")
+    await run(ex, "lora_hook_split", model_hook(cd.pipeline(
+        backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
+        lora="before", tag="lora_hook_split")), "lora_hook_ref")
     await run(ex, "row_split", model_hook(cd.pipeline(
         backend="diffusion=cuda0&cuda1,vae=cpu", params_backend="diffusion=cpu",
         split_mode="diffusion=row", tag="row_split")), "hook_ref")
