@@ -12,9 +12,20 @@ compares and chooses. Two families of placement:
 A depth-first search picks, largest component first, a persistent placement or
 "takes turns"; at each leaf every phase picks its turn-taking placements in the room
 the persistent ones leave, and host RAM decides cpu vs disk. Branch and bound (each
-component's best cost alone) prunes; identical devices are tried once. With one
-turn-taking component per phase the search is exact for the cost model, so more
-memory can never make the predicted time worse.
+component's best cost alone) prunes; identical devices are tried once. The bound is a
+true one: a kind whose candidates are not monotone in room (in less room it may offer a
+layout cheaper than any it offers in more: the splits, a worker's range, batch parallel
+on unequal GPUs) lowers it to its room-free floor (Kind.bound, bounds.py). So the plan
+is the cheapest leaf over the candidates the kinds offer, the one pricing every leaf
+with no cut finds (tests/placement/test_fit_exact.py).
+
+More memory never makes the predicted time worse where the candidates are monotone in
+room (whole on a GPU, streamed on one, the CPU, a resident layer split or batch
+parallel over equal GPUs; one turn-taking component per phase). Elsewhere it may: a
+kind picks its layout from the room it is given (a worker's range is led by the
+roomiest local GPU, a streaming split spans every GPU with room, a split is not priced
+while the component fits one of equal GPUs whole), and more room can hand it a dearer
+layout than the one less room forced.
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -91,14 +102,27 @@ class Search(LeafFloors, FitContext):
 
     # -- the search -------------------------------------------------------------------------
     def lower_bounds(self) -> Dict[str, float]:
-        """Each component's best cost with every GPU to itself: a bound no plan beats."""
+        """Each component's best cost with every GPU to itself, lowered to the room-free
+        floor of each kind whose cheapest in a room may be below its cheapest in more
+        (Kind.bound, fit/bounds.py): a bound no plan beats. inf: nothing of it fits even
+        alone (failure.py says why)."""
         zero = [0] * self.G
         empty = [[0] * self.G for _ in PHASE_ORDER]
         lbs = {}
+        self.turns_floor = {}
         for c in self.comps:
             opts = self.persistent_options(c, zero, empty) + \
                 self.floating_options(c, self.budget)
             lbs[c] = min((o.cost for o in opts), default=float("inf"))
+            held = floating = float("inf")
+            for kind in self._kinds(c):
+                got = kind.bound(self, c, True)
+                held = held if got is None else min(held, got)
+                got = kind.bound(self, c, False)
+                floating = floating if got is None else min(floating, got)
+            self.turns_floor[c] = floating
+            if lbs[c] != float("inf"):
+                lbs[c] = min(lbs[c], held, floating)
             best: Dict[str, Option] = {}       # the report's alternatives, each alone
             for o in opts:
                 fam = o.kind.parallel
@@ -127,7 +151,8 @@ class Search(LeafFloors, FitContext):
     def _dfs(self, i: int, persist, extra, fixed: Dict[str, Option], floating: List[str],
              spent: float):
         """`spent`: cost of the persistent choices plus a lower bound for each component
-        already set to take turns (its best in today's room: rooms only shrink deeper)."""
+        already set to take turns (its best in today's room, rooms only shrink deeper,
+        lowered to the room-free floor of the kinds whose best may drop as they do)."""
         if self.cut(spent + sum(self.lbs[c] for c in self.comps[i:])):
             return
         if i == len(self.comps):
@@ -153,6 +178,7 @@ class Search(LeafFloors, FitContext):
             now = min((o.cost for o in self.floating_options(c, rooms)), default=None)
             if now is None:
                 return                 # nothing of c fits what is left: prune
+            now = min(now, self.turns_floor[c])
             floating.append(c)
             self._dfs(i + 1, persist, extra, fixed, floating, spent + now)
             floating.pop()

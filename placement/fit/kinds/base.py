@@ -26,6 +26,14 @@ class Kind:
         (bytes free per GPU then)."""
         return []
 
+    def bound(self, ctx, c: str, persistent: bool) -> Optional[float]:
+        """A cost no placement of this kind (persistent: held for the session, else
+        taking turns) goes below in any room within the budgets (fit/bounds.py); None
+        where the kind's candidates are monotone in room (in more room it offers one no
+        dearer than its cheapest in less), so that its cheapest with every GPU to itself
+        is that floor. The search's bounds rest on it (fit/search.py)."""
+        return None
+
     def floor(self, ctx, c: str, rooms, offered) -> Optional[float]:
         """A cost no placement floating() offers in `rooms` goes below (inf: it offers
         none), found without pricing them; None: no such shortcut, floating() is priced.

@@ -7,10 +7,10 @@ from typing import List, NamedTuple, Optional
 from ...errors import PlacementError
 from ...plan import StreamPlan
 from ...units import format_bytes as fmt
-from ..costs import BATCH_PARALLEL_EFFICIENCY
+from ..bounds import fastest_compute, fastest_link
+from ..costs import BATCH_PARALLEL_EFFICIENCY, STREAM_OVERLAP
 from ..option import Option, ring_stall, streamed_forward
 from .base import Kind, action, gpu_change, ms, per
-from .streamed import best_prefix
 
 
 class BatchDetail(NamedTuple):
@@ -54,6 +54,17 @@ def share_headroom(ctx, c: str, items: int) -> int:
     return workspace + -(-(hr - workspace) * items // w.items)
 
 
+def interchangeable(ctx, devs: List[int]) -> bool:
+    """Whether `devs` price alike wherever they sit in a set: one speed, one host link,
+    one link figure between any two of them."""
+    def key():
+        names = [ctx.gpus[d] for d in devs]
+        links = {ctx.model.link(a, b)[1:3] for a in names for b in names if a != b}
+        return len({ctx.tp[d] for d in devs}) <= 1 and \
+            len({ctx.bw[d] for d in devs}) <= 1 and len(links) <= 1
+    return ctx.memo(("interchangeable", tuple(devs)), key)
+
+
 class BatchParallelKind(Kind):
     name = "batch_parallel"
     decision = "batch"
@@ -73,6 +84,33 @@ class BatchParallelKind(Kind):
     def _allowed(self, ctx, c) -> bool:
         rule = ctx.rules[c]
         return rule.batch and (ctx.work[c].items >= 2 or rule.only == self.name)
+
+    def bound(self, ctx, c, persistent) -> Optional[float]:
+        """On interchangeable GPUs (one speed, one link, one figure between any two) and
+        for an asked device list, the batch's cheapest in a room is never dearer than in
+        less: a set's price depends on the room only through the tightest of its
+        devices, the k roomiest are the roomiest set of k, and each device set streams
+        with its cheapest prefix (_prefixes). Otherwise the set of the roomiest GPUs may
+        be a slower one. Room-free: the ideal forward at least the batch computed by the
+        `items` fastest GPUs together, the forward at least e x that + (1 - e) x the
+        whole on the fastest, and (taking turns) at least the non-block weights loaded
+        at the fastest link."""
+        rule, geo, w = ctx.rules[c], ctx.geos[c], ctx.work[c]
+        if not self._allowed(ctx, c) or rule.runtime is not None:
+            return None
+        if persistent and not rule.persist_res:
+            return None
+        if not persistent and (ctx.source(c) != "cpu" or not (rule.float_res or rule.stream)):
+            return None
+        devs = list(ctx.devices(c))
+        if len(devs) < 2 or interchangeable(ctx, devs):
+            return None
+        speeds = sorted((ctx.tp[d] for d in devs), reverse=True)[:max(2, w.items)]
+        ideal = w.flop / sum(speeds)
+        fwd = BATCH_PARALLEL_EFFICIENCY * ideal + \
+            (1 - BATCH_PARALLEL_EFFICIENCY) * fastest_compute(ctx, c, devs)
+        return w.runs * fwd + (0.0 if persistent else
+                               geo.non_block / fastest_link(ctx, c, devs))
 
     def persistent(self, ctx, c, room, offered) -> List[Option]:
         if not self._allowed(ctx, c) or not ctx.rules[c].persist_res:
@@ -103,24 +141,50 @@ class BatchParallelKind(Kind):
                         out.append(self.batch(ctx, c, devs, "stream", False, k, depth))
         return [o for o in out if o is not None]
 
-    @staticmethod
-    def _prefixes(ctx, c, devs, rooms, hr, depth) -> List[int]:
-        """The prefix every device streams with: the largest all of them fit, and the
-        one the tightest would price best alone when that is smaller."""
-        geo = ctx.geos[c]
+    def _prefixes(self, ctx, c, devs, rooms, hr, depth) -> List[int]:
+        """The prefix every device streams with: the cheapest, priced as the batch prices
+        it, of those every device fits (at most the largest all of them fit). The cost is
+        not monotone in the prefix (the ring's stall; a component run a few times saves
+        more by streaming a block than by loading it), so a smaller prefix, which a
+        smaller room would force, may price best: offering it here too keeps the batch's
+        cheapest in a room no dearer than in any smaller one (the search's bounds rest on
+        that, fit/search.py). Walked down from the largest like streamed.best_prefix,
+        each prefix's floor (no stall, the ideal forward) checked before it is priced:
+        when a streamed byte costs more over the forwards than its load saves
+        (runs x (1 - overlap) x slowest link >= fastest link) the floor only grows as the
+        prefix shrinks, so the walk stops once it passes the best."""
+        geo, w = ctx.geos[c], ctx.work[c]
         if ctx.rules[c].prefix_zero:
             return [0] if all(geo.stream_weights(0, depth) + hr <= rooms[d]
                               for d in devs) else []
         fits = [geo.best_prefix(rooms[d] - hr, depth) for d in devs]
         if any(k is None for k in fits):
             return []
-        ks = [min(fits)]
-        if ks[0] > 0:
-            tight = min(devs, key=lambda d: rooms[d])
-            alone = best_prefix(ctx, c, tight, rooms[tight] - hr, depth, "cpu")
-            if alone is not None and alone < ks[0]:
-                ks.append(alone)
-        return ks
+        room = min(rooms[d] for d in devs) - hr
+        counts = share_items(ctx, c, devs)
+        names = [ctx.gpus[d] for d in devs]
+        bws = [ctx.model.source_bandwidth(n, "cpu") for n in names]
+        computes = [ctx.compute_s(c, n / w.items, d) for d, n in zip(devs, counts)]
+        gather = max((ctx.model.hop_s(w.activation_bytes * n // w.items, names[j], names[0])
+                      for j, n in enumerate(counts) if j and n), default=0.0)
+        fewest = w.runs * (1 - STREAM_OVERLAP) * min(bws) >= max(bws)
+        best = None
+        for k in range(min(fits), -1, -1):
+            if geo.stream_weights(k, depth) > room:
+                continue
+            if best is not None:
+                streamed = geo.streamed_bytes(k)
+                ideal = max(streamed_forward(cs, streamed / bw, depth, geo.n - k)
+                            for cs, bw, n in zip(computes, bws, counts) if n) + gather
+                floor = w.runs * ideal + (geo.non_block + geo.prefix[k]) / min(bws)
+                if floor >= best[0]:
+                    if fewest:
+                        break
+                    continue
+            o = self.batch(ctx, c, devs, "stream", False, k, depth)
+            if o is not None and (best is None or o.cost < best[0]):
+                best = (o.cost, k)
+        return [] if best is None else [best[1]]
 
     def batch(self, ctx, c, devs, each, persistent, k=0, depth=0, source="cpu"):
         return ctx.memo(("batch", c, tuple(devs), each, persistent, k, depth, source),

@@ -7,6 +7,7 @@ from bisect import bisect_left, bisect_right
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from ...units import format_bytes as fmt
+from ..bounds import fastest_compute, fastest_link, least_hop, split_pool
 from ..geometry import Geometry, nearest
 from ..option import Option
 from .base import Kind, action, ms, network_line, per, room_without, size_line
@@ -104,6 +105,29 @@ def split_candidates(ctx, kind, c: str, mode: str, rooms: Sequence[int], persist
     return out
 
 
+def split_pool_for(ctx, c: str, persistent: bool, mode: str) -> List[int]:
+    """The GPUs a resident split of `mode` may use (split_candidates, in any room):
+    none when the rules price no such split."""
+    rule = ctx.rules[c]
+    asked = rule.persist_split if persistent else rule.float_split
+    if not asked or rule.split_mode != mode or ctx.G < 2:
+        return []
+    devs = split_pool(ctx, c, local=not persistent)
+    return devs if len(devs) >= 2 else []
+
+
+def split_bound(ctx, c: str, persistent: bool, mode: str) -> Optional[float]:
+    """Kind.bound of a resident layer split (split_candidates): at least the whole forward
+    on the fastest GPU and two crossings per forward, loaded (taking turns) at the
+    fastest link."""
+    devs = split_pool_for(ctx, c, persistent, mode)
+    if not devs:
+        return None
+    geo, w = ctx.geos[c], ctx.work[c]
+    fwd = fastest_compute(ctx, c, devs) + 2 * least_hop(ctx, w.activation_bytes, devs, devs)
+    return w.runs * fwd + (0.0 if persistent else geo.total / fastest_link(ctx, c, devs))
+
+
 class LayerSplitKind(Kind):
     name = "layer_split"
     decision = "split"
@@ -115,6 +139,14 @@ class LayerSplitKind(Kind):
 
     def floating(self, ctx, c, rooms, offered) -> List[Option]:
         return split_candidates(ctx, self, c, "layer", rooms, False, offered)
+
+    def bound(self, ctx, c, persistent) -> Optional[float]:
+        """The device sets are the roomiest GPUs and the ranges in proportion to room:
+        on GPUs of different speeds or links, less room may leave a faster set or more
+        blocks on the faster GPU. Room-free: the whole forward on the fastest GPU, two
+        crossings at the cheapest link, and (taking turns) every byte loaded at the
+        fastest link."""
+        return split_bound(ctx, c, persistent, "layer")
 
     def floor(self, ctx, c, rooms, offered) -> Optional[float]:
         """inf when every GPU with room beside the working memory holds less than the

@@ -10,7 +10,8 @@ from ...units import format_bytes as fmt
 from ..costs import PIPELINE_EFFICIENCY
 from ..option import Option
 from .base import Kind, ms
-from .layer_split import LAYER_SPLIT
+from ..bounds import fastest_compute, fastest_link, least_hop
+from .layer_split import LAYER_SPLIT, split_pool_for
 
 
 class PipelineDetail(NamedTuple):
@@ -28,6 +29,32 @@ class PipelineKind(Kind):
 
     def floating(self, ctx, c, rooms, offered) -> List[Option]:
         return self._of(ctx, c, lambda: LAYER_SPLIT.floating(ctx, c, rooms, offered))
+
+    def bound(self, ctx, c, persistent) -> Optional[float]:
+        """Its splits are layer_split's, which are priced only when nothing whole fits
+        equal GPUs (a plain split only adds hops there, a pipelined one need not) and
+        whose stages follow the room (less room may even them). Room-free, over the K
+        local GPUs allowed: the plain split's forward F at least the whole forward C on
+        the fastest GPU and two crossings; the stages' ideal at least C / b and two
+        crossings of a share, plus (b - 1) x the largest stage, at least their mean
+        over K stages; the pipelined forward at least (1 - e) x F + e x min(F, ideal)."""
+        rule, w = ctx.rules[c], ctx.work[c]
+        force = rule.only == self.name
+        if not force and (not rule.pipeline or w.items < 2):
+            return None
+        devs = [d for d in split_pool_for(ctx, c, persistent, "layer")
+                if d not in ctx.remote]
+        if len(devs) < 2:
+            return None
+        b = max(1, w.items)
+        compute = fastest_compute(ctx, c, devs)
+        hop = least_hop(ctx, w.activation_bytes, devs, devs)
+        share_hop = least_hop(ctx, w.activation_bytes // b, devs, devs)
+        plain = compute + 2 * hop
+        ideal = compute / b + 2 * share_hop + (b - 1) * (compute / (b * len(devs)) + share_hop)
+        fwd = (1 - PIPELINE_EFFICIENCY) * plain + PIPELINE_EFFICIENCY * min(plain, ideal)
+        return w.runs * fwd + (0.0 if persistent else
+                               ctx.geos[c].total / fastest_link(ctx, c, devs))
 
     def _of(self, ctx, c, splits) -> List[Option]:
         rule = ctx.rules[c]

@@ -10,7 +10,8 @@ from ...units import format_bytes as fmt
 from ..geometry import Geometry
 from ..option import Option
 from .base import Kind, action, ms, per
-from .layer_split import SplitDetail, split_candidates, split_option
+from ..bounds import fastest_link, least_hop
+from .layer_split import SplitDetail, split_candidates, split_option, split_pool_for
 
 
 def row_shares(geo: Geometry, caps: Sequence[int]) -> Optional[List[int]]:
@@ -36,6 +37,21 @@ class RowSplitKind(Kind):
 
     def floating(self, ctx, c, rooms, offered) -> List[Option]:
         return split_candidates(ctx, self, c, "row", rooms, False, offered)
+
+    def bound(self, ctx, c, persistent) -> Optional[float]:
+        """The shares follow the room: on equal GPUs of unequal budgets, less room on
+        the larger one evens the shares and shortens the slowest shard. Room-free: the
+        forward at the speed of every GPU allowed together, two exchanges per block of
+        at least half the activations at the cheapest link, and (taking turns) every
+        byte loaded at the fastest link."""
+        devs = split_pool_for(ctx, c, persistent, "row")
+        if not devs:
+            return None
+        geo, w = ctx.geos[c], ctx.work[c]
+        compute = w.flop / sum(ctx.tp[d] for d in devs)
+        exchange = 2 * least_hop(ctx, w.activation_bytes // 2, devs, devs)
+        return w.runs * (compute + geo.n * exchange) + (
+            0.0 if persistent else geo.total / fastest_link(ctx, c, devs))
 
     def split(self, ctx, c, devs, caps, persistent, source) -> Optional[Option]:
         shares = ctx.memo(("row_shares", c, tuple(caps)),

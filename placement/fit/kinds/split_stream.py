@@ -9,6 +9,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ...plan import StreamPlan
 from ...units import format_bytes as fmt
+from ..bounds import fastest_compute, fastest_link, least_hop, split_pool, stream_floor
 from ..costs import STREAM_OVERLAP
 from ..geometry import Geometry, nearest
 from ..option import Option, ring_stall, streamed_forward
@@ -212,6 +213,25 @@ class SplitStreamKind(Kind):
         return min((spans_floor(ctx, c, devs, caps, spans, depth, ctx.source(c))
                     for devs, caps, _, spans, depth in self.layouts(ctx, c, rooms, offered)),
                    default=float("inf"))
+
+    def bound(self, ctx, c, persistent) -> Optional[float]:
+        """Its layouts come from the room (every GPU with room, ranges in proportion to
+        it, each device's largest prefix), and gated by what the kinds before it offer:
+        in less room a layout over fewer GPUs, or streaming more, may price below every
+        one of the full budget. Room-free: the whole forward computed on the fastest
+        GPU, one crossing there and back at the cheapest link, and the blocks the GPUs
+        cannot hold together streamed (stream_floor)."""
+        rule, geo, w = ctx.rules[c], ctx.geos[c], ctx.work[c]
+        if persistent or not (rule.split_stream and rule.float_split):
+            return None
+        devs = split_pool(ctx, c, local=True)
+        if len(devs) < 2:
+            return None
+        least = geo.total - sum(max(0, ctx.budget[d] - geo.headroom) for d in devs)
+        hops = 2 * least_hop(ctx, w.activation_bytes, devs, devs)
+        return w.runs * hops + stream_floor(w.runs, fastest_compute(ctx, c, devs),
+                                            geo.prefix[geo.n], geo.total, least,
+                                            fastest_link(ctx, c, devs))
 
     def layouts(self, ctx, c, rooms, offered):
         """(devices, caps, streaming devices, spans, depth) of each layout floating()

@@ -7,6 +7,7 @@ than the rest."""
 from bisect import bisect_left
 from typing import List, Optional, Sequence, Tuple
 
+from ..bounds import fastest_compute, fastest_link, least_hop, split_pool, stream_floor
 from ..geometry import Geometry
 from ..option import Option
 from .base import Kind
@@ -70,6 +71,30 @@ class WorkerRangesKind(Kind):
                     out.append(o)
                     break
         return out
+
+    def bound(self, ctx, c, persistent) -> Optional[float]:
+        """The workers take as many of the last blocks as their room holds and the main
+        device the largest prefix its room allows, at the deepest ring that fits: in less
+        room a worker holding fewer blocks (streamed by the main device instead, which
+        costs a component run a few times less than loading them) may price below the
+        full budget's. Room-free: the whole forward on the fastest GPU, the network
+        crossed there and back at the cheapest links, the blocks the main device and
+        the workers cannot hold streamed (stream_floor)."""
+        rule, geo, w = ctx.rules[c], ctx.geos[c], ctx.work[c]
+        if persistent or not rule.split_stream or not ctx.remote:
+            return None
+        pool = split_pool(ctx, c)
+        local = [d for d in pool if d not in ctx.remote]
+        remote = [d for d in pool if d in ctx.remote]
+        if not local or not remote:
+            return None
+        least = geo.total - max(max(0, ctx.budget[d] - geo.headroom) for d in local) - \
+            sum(max(0, ctx.budget[d] - geo.headroom) for d in remote)
+        hops = least_hop(ctx, w.activation_bytes, local, remote) + \
+            least_hop(ctx, w.activation_bytes, remote, local)
+        return w.runs * hops + stream_floor(w.runs, fastest_compute(ctx, c, pool),
+                                            geo.prefix[geo.n], geo.total, least,
+                                            fastest_link(ctx, c, pool))
 
     def ranges(self, ctx, c, devs, caps, depth, source) -> Optional[Option]:
         def build():
