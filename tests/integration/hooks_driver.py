@@ -40,14 +40,24 @@ def model_hook(prompt, keyframes=False):
     return prompt
 
 
-def clip_hook(prompt):
-    """A CLIP hook LoRA on the (placed) CLIP both encodes use."""
+def clip_hook(prompt, scheduled=False):
+    """A CLIP hook LoRA on the (placed) CLIP both encodes use; scheduled: with keyframes
+    (full strength, then a quarter from 40% on), encoded once per keyframe."""
     clip = prompt["3"]["inputs"]["clip"]
     prompt["60"] = {"class_type": "CreateHookLora", "inputs": {
         "lora_name": "tiny_clip_lora.safetensors", "strength_model": 0.0,
         "strength_clip": 0.9}}
+    hooks = ["60", 0]
+    if scheduled:
+        prompt["62"] = {"class_type": "CreateHookKeyframe",
+                        "inputs": {"strength_mult": 1.0, "start_percent": 0.0}}
+        prompt["63"] = {"class_type": "CreateHookKeyframe", "inputs": {
+            "strength_mult": 0.25, "start_percent": 0.4, "prev_hook_kf": ["62", 0]}}
+        prompt["64"] = {"class_type": "SetHookKeyframes",
+                        "inputs": {"hooks": hooks, "hook_kf": ["63", 0]}}
+        hooks = ["64", 0]
     prompt["61"] = {"class_type": "SetClipHooks", "inputs": {
-        "clip": clip, "apply_to_conds": False, "schedule_clip": False, "hooks": ["60", 0]}}
+        "clip": clip, "apply_to_conds": False, "schedule_clip": scheduled, "hooks": hooks}}
     prompt["3"]["inputs"]["clip"] = prompt["4"]["inputs"]["clip"] = ["61", 0]
     return prompt
 
@@ -117,6 +127,11 @@ async def main():
     await run(ex, "clip_placed", clip_hook(cd.pipeline(
         backend="diffusion=cpu,te=cuda0,vae=cpu", params_backend="*=cpu", text=True,
         tag="clip_placed")), "clip_ref")
+    await run(ex, "clip_scheduled_ref", clip_hook(cd.pipeline(
+        placed=False, text=True, tag="clip_scheduled_ref"), scheduled=True), "clip_ref")
+    await run(ex, "clip_scheduled", clip_hook(cd.pipeline(
+        backend="diffusion=cpu,te=cuda0,vae=cpu", params_backend="*=cpu", text=True,
+        tag="clip_scheduled"), scheduled=True), "clip_scheduled_ref")
     RESULTS["refusals"] = refusals()
 
 

@@ -50,8 +50,12 @@ def test_a_hook_over_a_lora_gives_comfyuis_image_within_rounding(results):
     assert got["image"]["max_abs_diff"] < 1e-5, got
 
 
-def test_a_hook_on_an_engine_placed_text_encoder_gives_comfyuis_image(results):
-    got = results["clip_placed"]
+@pytest.mark.parametrize("tag", ["clip_placed", "clip_scheduled"])
+def test_a_hook_on_an_engine_placed_text_encoder_gives_comfyuis_image(results, tag):
+    """Set CLIP Hooks, plain and scheduled (keyframes: one encode per keyframe, each
+    after ComfyUI patches the hook at that strength)."""
+    assert not results["clip_scheduled_ref"]["image"]["equal"]     # keyframes count
+    got = results[tag]
     assert got["success"] and got["image"]["equal"], got
 
 
