@@ -142,12 +142,12 @@ def refusals():
     ComponentPlan = cd.pack_module("placement.plan").ComponentPlan
     key = "diffusion_model.double_blocks.0.img_mod.lin.weight"
 
-    def refused(cp, remote=()):
+    def refused(cp, remote=(), model=None, key=key):
         plan = types.SimpleNamespace(components={"diffusion": cp})
         session = types.SimpleNamespace(plan=plan, component="diffusion", placed=None,
                                         remote_blocks=list(remote))
         stand_in = types.SimpleNamespace(attachments={"placement": session},
-                                         hook_patches={})
+                                         hook_patches={}, model=model)
         try:
             weight_hooks.slot_for(stand_in, key)
         except Exception as exc:          # noqa: BLE001 - reported, asserted by the test
@@ -156,7 +156,30 @@ def refusals():
     return {"worker": refused(ComponentPlan("diffusion", ["cuda0", "w1.cuda0"], "cpu"),
                               ["double_blocks.0"]),
             "row": refused(ComponentPlan("diffusion", ["cuda0", "cuda1"], "cpu",
-                                         split_mode="row"))}
+                                         split_mode="row")),
+            "gguf": refused(ComponentPlan("diffusion", ["cuda0"], "cpu"), (),
+                            model=quantized_model(), key="lin.weight")}
+
+
+def quantized_model():
+    """A stand-in for a module holding a ComfyUI-GGUF layer with a quantized weight (its
+    bytes in a uint8 tensor; the layer says it is quantized)."""
+    import torch
+
+    class QuantizedLayer(torch.nn.Module):
+        comfy_cast_weights = True
+
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(4, 18, dtype=torch.uint8),
+                                             requires_grad=False)
+            self.weight_function, self.bias_function = [], []
+
+        def is_ggml_quantized(self, *, weight=None, bias=None):
+            return True
+    root = torch.nn.Module()
+    root.lin = QuantizedLayer()
+    return root
 
 
 if __name__ == "__main__":

@@ -80,3 +80,11 @@ def test_a_hook_on_a_block_a_worker_runs_is_refused_in_one_line(results):
     assert "\n" not in message and "a worker runs" in message, message
     assert "Load LoRA" in message, message
     assert "row split" in results["refusals"]["row"], results["refusals"]
+
+
+def test_a_hook_on_a_quantized_gguf_weight_is_refused_in_one_line(results):
+    """ComfyUI-GGUF's layer dequantizes a quantized weight without running the weight
+    functions the engine applies a hook with: the hook would be lost, so it is refused."""
+    message = results["refusals"]["gguf"]
+    assert message and message.startswith("PlacementError: diffusion: a weight hook"), message
+    assert "\n" not in message and "quantized weight (GGUF)" in message, message

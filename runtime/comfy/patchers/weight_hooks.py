@@ -22,8 +22,9 @@ seeded by the key), before the run-time LoRA patches, as ComfyUI's low-VRAM load
 them.
 
 Where the slot cannot stand in for the write, the hook is refused in one line, never
-lost: a block a worker runs (its copy of the file is on another machine) and a row split
-(a layer holds a shard of the weight). A placement that computes on the cpu with the
+lost: a block a worker runs (its copy of the file is on another machine), a row split
+(a layer holds a shard of the weight) and a quantized GGUF weight (ComfyUI-GGUF's layer
+dequantizes it without running weight functions). A placement that computes on the cpu with the
 weights resting there, unstreamed and unsplit, reads the very tensors ComfyUI writes:
 ComfyUI's own write runs there."""
 import torch
@@ -114,13 +115,19 @@ def slot_for(patcher, key: str, install: bool = True) -> HookedWeight:
         raise _refuse(component, key, f"a weight of {type(module).__name__}, which is not "
                       f"one of ComfyUI's cast ops, so the engine cannot apply the hook as "
                       f"the layer computes")
+    stored = getattr(module, param)
+    quantized = getattr(module, "is_ggml_quantized", None)
+    if (callable(quantized) and quantized()) or not stored.dtype.is_floating_point:
+        raise _refuse(component, key, "a quantized weight (GGUF), which its layer "
+                      "dequantizes without running the weight functions the engine "
+                      "applies a hook with: weight hooks on quantized weights are not "
+                      "implemented")
     for f in functions:
         if getattr(f, "is_hook_slot", False) and f.key == key:
             return f
     if not install:
         raise _refuse(component, key, "registered after the placement opened on the "
                       "module, whose copy has no slot for it")
-    stored = getattr(module, param)
     slot = HookedWeight(key, stored.dtype)
     functions.insert(0, slot)
     return slot
