@@ -19,6 +19,19 @@ RESULTS = {"errors": []}
 RESIDENT = "cuda0=1GiB,cuda1=1GiB,cpu=16GiB"
 
 
+def with_keyframes(prompt, hooks, first: int):
+    """`hooks` at full strength, then a quarter from 40% of the run on (nodes first..
+    first+2); the keyframed hooks' output."""
+    a, b, c = (str(first + i) for i in range(3))
+    prompt[a] = {"class_type": "CreateHookKeyframe",
+                 "inputs": {"strength_mult": 1.0, "start_percent": 0.0}}
+    prompt[b] = {"class_type": "CreateHookKeyframe", "inputs": {
+        "strength_mult": 0.25, "start_percent": 0.4, "prev_hook_kf": [a, 0]}}
+    prompt[c] = {"class_type": "SetHookKeyframes", "inputs": {"hooks": hooks,
+                                                              "hook_kf": [b, 0]}}
+    return [c, 0]
+
+
 def model_hook(prompt, keyframes=False):
     """The hook LoRA on the positive conditioning (node 3); with keyframes: full
     strength, a quarter from 40% of the run on."""
@@ -27,13 +40,7 @@ def model_hook(prompt, keyframes=False):
         "strength_clip": 0.0}}
     hooks = ["50", 0]
     if keyframes:
-        prompt["52"] = {"class_type": "CreateHookKeyframe",
-                        "inputs": {"strength_mult": 1.0, "start_percent": 0.0}}
-        prompt["53"] = {"class_type": "CreateHookKeyframe", "inputs": {
-            "strength_mult": 0.25, "start_percent": 0.4, "prev_hook_kf": ["52", 0]}}
-        prompt["54"] = {"class_type": "SetHookKeyframes",
-                        "inputs": {"hooks": hooks, "hook_kf": ["53", 0]}}
-        hooks = ["54", 0]
+        hooks = with_keyframes(prompt, hooks, 52)
     prompt["51"] = {"class_type": "ConditioningSetProperties", "inputs": {
         "cond_NEW": ["3", 0], "strength": 1.0, "set_cond_area": "default", "hooks": hooks}}
     prompt["6"]["inputs"]["positive"] = ["51", 0]
@@ -49,13 +56,7 @@ def clip_hook(prompt, scheduled=False):
         "strength_clip": 0.9}}
     hooks = ["60", 0]
     if scheduled:
-        prompt["62"] = {"class_type": "CreateHookKeyframe",
-                        "inputs": {"strength_mult": 1.0, "start_percent": 0.0}}
-        prompt["63"] = {"class_type": "CreateHookKeyframe", "inputs": {
-            "strength_mult": 0.25, "start_percent": 0.4, "prev_hook_kf": ["62", 0]}}
-        prompt["64"] = {"class_type": "SetHookKeyframes",
-                        "inputs": {"hooks": hooks, "hook_kf": ["63", 0]}}
-        hooks = ["64", 0]
+        hooks = with_keyframes(prompt, hooks, 62)
     prompt["61"] = {"class_type": "SetClipHooks", "inputs": {
         "clip": clip, "apply_to_conds": False, "schedule_clip": scheduled, "hooks": hooks}}
     prompt["3"]["inputs"]["clip"] = prompt["4"]["inputs"]["clip"] = ["61", 0]
